@@ -1,0 +1,176 @@
+//! The rate-limit algorithms as pure functions: (state, now, cost) -> (verdict, new state).
+//!
+//! These are the single definition of floodgate's semantics (SPEC 3). The memory backend
+//! calls them; the Lua scripts in `lua/` follow them step for step, with the same integer
+//! arithmetic, so both give identical decisions, remaining counts and resets.
+//!
+//! This module owns what all algorithms share: peeks (`cost = 0`), lockouts and the
+//! `on_over_limit` mode. Each submodule owns one algorithm's state and arithmetic.
+
+pub mod fixed_window;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
+
+use crate::rules::{Algorithm, OnOverLimit, Policy};
+
+/// The numbers an algorithm computes with, all integers (ms, requests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// `W`: window length in ms (>= 1000).
+    pub window_ms: i64,
+    /// `L`: requests per window (>= 1; `L = 0` never reaches an algorithm).
+    pub limit: u64,
+    /// `B`: token-bucket capacity in requests.
+    pub burst: u64,
+}
+
+impl Params {
+    /// Extracts the algorithm's numbers from a policy.
+    pub fn of(policy: &Policy) -> Params {
+        Params {
+            window_ms: policy.window_ms() as i64,
+            limit: u64::from(policy.requests_per_unit),
+            burst: u64::from(policy.burst),
+        }
+    }
+}
+
+/// One algorithm's answer for one charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether the cost fits.
+    pub allowed: bool,
+    /// Requests left after booking (0 when denied).
+    pub remaining: u64,
+    /// `R` in ms, as SPEC 3 defines it for the algorithm and outcome.
+    pub reset_ms: u64,
+    /// Whether the state changed.
+    pub booked: bool,
+}
+
+/// The behaviour every algorithm's state implements.
+pub trait Counter: Default + Clone {
+    /// Charges `cost >= 1` at `now_ms`. Books the cost when it fits, and also when it does
+    /// not if `book_on_deny` (the `consume` mode).
+    fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict;
+
+    /// Answers whether a cost-1 request would fit now, changing nothing. `remaining` is what
+    /// is left without booking; `reset_ms` is as for an allowed (or denied cost-1) check.
+    fn peek(&self, params: &Params, now_ms: i64) -> Verdict;
+
+    /// Undoes a booking of `cost` made at `booked_at_ms`, as far as the state still holds it.
+    fn refund(&mut self, params: &Params, now_ms: i64, cost: u64, booked_at_ms: i64);
+
+    /// The instant (ms) from which this state is indistinguishable from an empty one, so the
+    /// bucket can be dropped (memory) or expire (Redis TTL).
+    fn expires_at_ms(&self, params: &Params) -> i64;
+}
+
+/// Per-algorithm state of one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CounterState {
+    /// See `fixed_window`.
+    FixedWindow(fixed_window::FixedWindow),
+    /// See `token_bucket`.
+    TokenBucket(token_bucket::TokenBucket),
+    /// See `sliding_window`.
+    SlidingWindow(sliding_window::SlidingWindow),
+    /// See `sliding_log`.
+    SlidingLog(sliding_log::SlidingLog),
+}
+
+/// Full state of one bucket: the algorithm's counter plus the lockout deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// The algorithm's own state.
+    pub counter: CounterState,
+    /// Until when (ms) every request is denied; 0 when not locked.
+    pub locked_until_ms: i64,
+}
+
+/// Dispatches a call to whichever counter a bucket holds.
+macro_rules! with_counter {
+    ($state:expr, $counter:ident => $body:expr) => {
+        match $state {
+            CounterState::FixedWindow($counter) => $body,
+            CounterState::TokenBucket($counter) => $body,
+            CounterState::SlidingWindow($counter) => $body,
+            CounterState::SlidingLog($counter) => $body,
+        }
+    };
+}
+
+impl Bucket {
+    /// A fresh, empty bucket for an algorithm.
+    pub fn new(algorithm: Algorithm) -> Bucket {
+        let counter = match algorithm {
+            Algorithm::FixedWindow => CounterState::FixedWindow(Default::default()),
+            Algorithm::TokenBucket => CounterState::TokenBucket(Default::default()),
+            Algorithm::SlidingWindow => CounterState::SlidingWindow(Default::default()),
+            Algorithm::SlidingLog => CounterState::SlidingLog(Default::default()),
+        };
+        Bucket {
+            counter,
+            locked_until_ms: 0,
+        }
+    }
+
+    /// Decides one charge of `cost` at `now_ms` under `policy` (SPEC 3), updating the state.
+    ///
+    /// Order: a peek changes nothing; an active lock denies with R = lock left (booking the
+    /// cost only under `consume`); otherwise the algorithm decides, and a real denial starts
+    /// the lockout, reporting R = the whole lockout.
+    pub fn decide(&mut self, policy: &Policy, now_ms: i64, cost: u64) -> Verdict {
+        let params = Params::of(policy);
+        let lock_left = self.locked_until_ms.saturating_sub(now_ms);
+        let consume = policy.on_over_limit == OnOverLimit::Consume;
+        if cost == 0 {
+            if lock_left > 0 {
+                return denied(lock_left, false);
+            }
+            return with_counter!(&self.counter, c => c.peek(&params, now_ms));
+        }
+        if lock_left > 0 {
+            let booked = consume
+                && with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, true)).booked;
+            return denied(lock_left, booked);
+        }
+        let mut verdict = with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, consume));
+        let lockout_ms = policy.lockout_ms() as i64;
+        if !verdict.allowed && lockout_ms > 0 {
+            self.locked_until_ms = now_ms + lockout_ms;
+            verdict.reset_ms = lockout_ms as u64;
+            verdict.booked = true;
+        }
+        verdict
+    }
+
+    /// Undoes a booking made by `decide` (see `Counter::refund`).
+    pub fn refund(&mut self, policy: &Policy, now_ms: i64, cost: u64, booked_at_ms: i64) {
+        let params = Params::of(policy);
+        with_counter!(&mut self.counter, c => c.refund(&params, now_ms, cost, booked_at_ms));
+    }
+
+    /// When the bucket may be dropped: its counter is empty and any lock is over.
+    pub fn expires_at_ms(&self, policy: &Policy) -> i64 {
+        let params = Params::of(policy);
+        let counter = with_counter!(&self.counter, c => c.expires_at_ms(&params));
+        counter.max(self.locked_until_ms)
+    }
+}
+
+fn denied(reset_ms: i64, booked: bool) -> Verdict {
+    Verdict {
+        allowed: false,
+        remaining: 0,
+        reset_ms: reset_ms.max(0) as u64,
+        booked,
+    }
+}
+
+/// `ceil(a / b)` for non-negative `a` and positive `b`.
+pub fn div_ceil(a: i128, b: i128) -> i128 {
+    debug_assert!(a >= 0 && b > 0);
+    (a + b - 1) / b
+}

@@ -1,0 +1,107 @@
+//! Storage backends: where bucket state lives and how one decision is made atomically.
+//!
+//! Every backend applies the same pure algorithms (`crate::algorithm`): the memory backend
+//! calls them directly, the Redis backends run Lua scripts that follow them line for line.
+//! A backend never sees protocol types; the limiter hands it resolved charges.
+
+pub mod keys;
+// pub mod memory;
+
+use async_trait::async_trait;
+
+pub use keys::BucketKey;
+
+use crate::rules::Policy;
+
+/// One bucket to charge: `cost` units under `policy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// The bucket.
+    pub bucket: BucketKey,
+    /// How the bucket counts.
+    pub policy: Policy,
+    /// `n`: the cost; 0 is a peek that changes nothing.
+    pub cost: u64,
+}
+
+/// What one charge decided, in the backend's own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the request fits (for a peek: whether a cost-1 request would fit).
+    pub allowed: bool,
+    /// Requests left after this charge (0 when denied).
+    pub remaining: u64,
+    /// `R`: milliseconds until the reset the algorithm defines.
+    pub reset_ms: u64,
+    /// The backend's clock when it decided; a refund names it to undo exactly this booking.
+    pub now_ms: i64,
+    /// Whether this charge changed the bucket (a refund only makes sense when it did).
+    pub booked: bool,
+}
+
+/// Undo of one earlier booking of `cost` made at `booked_at_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    /// The bucket.
+    pub bucket: BucketKey,
+    /// How the bucket counts.
+    pub policy: Policy,
+    /// The cost that was booked.
+    pub cost: u64,
+    /// `Outcome::now_ms` of the booking.
+    pub booked_at_ms: i64,
+}
+
+/// Why a backend could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend did not answer within its time budget.
+    #[error("backend timed out")]
+    Timeout,
+    /// No connection could be made or kept (refused, reset, pool exhausted).
+    #[error("backend unreachable: {0}")]
+    Unavailable(String),
+    /// The backend answered with an error (e.g. CLUSTERDOWN, a script error).
+    #[error("backend error: {0}")]
+    Failed(String),
+    /// The memory backend's bucket cap was reached and no bucket could be evicted.
+    #[error("bucket capacity exhausted")]
+    CapacityExhausted,
+}
+
+impl BackendError {
+    /// Short, stable label for the `backend_errors` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Timeout => "timeout",
+            BackendError::Unavailable(_) => "unavailable",
+            BackendError::Failed(_) => "failed",
+            BackendError::CapacityExhausted => "capacity",
+        }
+    }
+}
+
+/// A place that keeps buckets and decides charges atomically per bucket.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Applies every charge (each atomically) and returns one outcome per charge, in order.
+    ///
+    /// # Errors
+    /// Any failure fails the whole batch: the limiter then applies the failure mode.
+    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError>;
+
+    /// Undoes earlier bookings; used when a request is over limit overall.
+    ///
+    /// # Errors
+    /// As for `charge`; a failed refund leaves the booking in place.
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError>;
+
+    /// Checks that the backend answers (readiness and health).
+    ///
+    /// # Errors
+    /// The backend is unreachable or failing.
+    async fn ping(&self) -> Result<(), BackendError>;
+
+    /// Short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
+    fn name(&self) -> &'static str;
+}

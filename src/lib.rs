@@ -1,0 +1,11 @@
+//! floodgate: a global rate-limit service for Envoy and Istio.
+//!
+//! Module map (dependencies point down; nothing below `limiter` knows about gRPC):
+//!
+//! - `rules`: validated rule types (units, algorithms, policies).
+//! - `matcher`: the compiled descriptor tree; (domain, entries) -> rule. Pure.
+//! - `backend`: where bucket state lives (`memory`, Redis, Redis Cluster) and the bucket keys.
+
+pub mod backend;
+pub mod matcher;
+pub mod rules;

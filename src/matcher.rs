@@ -1,0 +1,412 @@
+//! The compiled descriptor tree: (domain, descriptor entries) -> rule. Pure, no IO.
+//!
+//! Matching follows envoyproxy/ratelimit, level by level along the request's entries: an
+//! exact `key`+`value` node first, then the first wildcard node of that key whose pattern
+//! matches (file order), then the key-only default node. The rule applies only when the
+//! request's last entry lands on a node with a rate limit (depth must match exactly), and
+//! there is no backtracking to a less specific node after a more specific one was taken.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use crate::rules::Rule;
+
+/// One domain file after validation: the input the matcher is compiled from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainRules {
+    /// The domain name requests carry.
+    pub domain: String,
+    /// Top-level descriptors, in file order.
+    pub descriptors: Vec<DescriptorRule>,
+}
+
+/// One validated YAML descriptor node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorRule {
+    /// Entry key this node matches.
+    pub key: String,
+    /// Exact value or `*` pattern; `None` matches any value (key-only default).
+    pub value: Option<String>,
+    /// For a wildcard value: every matching value shares one bucket.
+    pub share_threshold: bool,
+    /// The rate limit at this node, if any.
+    pub rule: Option<Arc<Rule>>,
+    /// Nodes that match the next entry.
+    pub children: Vec<DescriptorRule>,
+}
+
+/// How one request entry matched its level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LevelMatch {
+    /// The configured value equals the entry's value.
+    Exact,
+    /// A wildcard pattern matched; `shared` when the node has `share_threshold`.
+    Wildcard {
+        /// Whether all matching values share one bucket.
+        shared: bool,
+    },
+    /// The key-only default node matched.
+    Default,
+}
+
+/// The result of a successful match.
+#[derive(Debug, Clone)]
+pub struct Matched<'a> {
+    /// The rule the descriptor resolves to.
+    pub rule: &'a Arc<Rule>,
+    /// Per level: the entry key, the value naming the bucket (the runtime value, or the
+    /// pattern under `share_threshold`), and how the level matched.
+    pub levels: Vec<(&'a str, &'a str, LevelMatch)>,
+}
+
+impl Matched<'_> {
+    /// The metric key of this match: the rule path, unless the rule asks for values in it
+    /// (`detailed_metric`: every level's runtime value; `value_to_metric`: runtime values at
+    /// wildcard and key-only levels).
+    pub fn metric_key(&self, entries: &[(String, String)]) -> String {
+        let rule = self.rule;
+        if !rule.detailed_metric && !rule.value_to_metric {
+            return rule.path.clone();
+        }
+        let mut key = String::new();
+        for ((entry_key, value), (_, bucket_value, how)) in entries.iter().zip(&self.levels) {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(entry_key);
+            let shown = match how {
+                _ if rule.detailed_metric => Some(value.as_str()),
+                LevelMatch::Exact => Some(*bucket_value),
+                LevelMatch::Wildcard { .. } | LevelMatch::Default if rule.value_to_metric => {
+                    Some(value.as_str())
+                }
+                LevelMatch::Wildcard { .. } => Some(*bucket_value),
+                LevelMatch::Default => None,
+            };
+            if let Some(shown) = shown {
+                let _ = write!(key, "_{shown}");
+            }
+        }
+        key
+    }
+}
+
+/// Every loaded domain, compiled for lookup.
+#[derive(Debug, Default)]
+pub struct Matcher {
+    domains: HashMap<String, Level>,
+    rules: Vec<Arc<Rule>>,
+}
+
+#[derive(Debug, Default)]
+struct Level {
+    keys: HashMap<String, KeyNodes>,
+}
+
+#[derive(Debug, Default)]
+struct KeyNodes {
+    exact: HashMap<String, Node>,
+    wildcards: Vec<(String, Node)>,
+    default: Option<Node>,
+}
+
+#[derive(Debug)]
+struct Node {
+    rule: Option<Arc<Rule>>,
+    share_threshold: bool,
+    children: Level,
+}
+
+impl Matcher {
+    /// Compiles validated domains. Validation has already rejected duplicates.
+    pub fn new(domains: Vec<DomainRules>) -> Matcher {
+        let mut matcher = Matcher::default();
+        for domain in domains {
+            let level = compile_level(domain.descriptors, &mut matcher.rules);
+            matcher.domains.insert(domain.domain, level);
+        }
+        matcher
+    }
+
+    /// Whether a domain is loaded.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// Every rule with a rate limit, in load order (for `/rlconfig` and metrics).
+    pub fn rules(&self) -> &[Arc<Rule>] {
+        &self.rules
+    }
+
+    /// Finds the rule for one descriptor, or `None` (unknown domain, no match, depth mismatch).
+    pub fn lookup<'a>(
+        &'a self,
+        domain: &str,
+        entries: &'a [(String, String)],
+    ) -> Option<Matched<'a>> {
+        let mut level = self.domains.get(domain)?;
+        let mut levels = Vec::with_capacity(entries.len());
+        let last = entries.len().checked_sub(1)?;
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            let (node, bucket_value, how) = level.find(key, value)?;
+            levels.push((key.as_str(), bucket_value, how));
+            if depth == last {
+                let rule = node.rule.as_ref()?;
+                return Some(Matched { rule, levels });
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+
+impl Level {
+    fn find<'a>(&'a self, key: &str, value: &'a str) -> Option<(&'a Node, &'a str, LevelMatch)> {
+        let nodes = self.keys.get(key)?;
+        if let Some(node) = nodes.exact.get(value) {
+            return Some((node, value, LevelMatch::Exact));
+        }
+        if let Some((pattern, node)) = nodes
+            .wildcards
+            .iter()
+            .find(|(pattern, _)| glob_matches(pattern, value))
+        {
+            let shared = node.share_threshold;
+            let bucket_value = if shared { pattern.as_str() } else { value };
+            return Some((node, bucket_value, LevelMatch::Wildcard { shared }));
+        }
+        nodes
+            .default
+            .as_ref()
+            .map(|node| (node, value, LevelMatch::Default))
+    }
+}
+
+fn compile_level(descriptors: Vec<DescriptorRule>, rules: &mut Vec<Arc<Rule>>) -> Level {
+    let mut level = Level::default();
+    for descriptor in descriptors {
+        if let Some(rule) = &descriptor.rule {
+            rules.push(Arc::clone(rule));
+        }
+        let node = Node {
+            rule: descriptor.rule,
+            share_threshold: descriptor.share_threshold,
+            children: compile_level(descriptor.children, rules),
+        };
+        let nodes = level.keys.entry(descriptor.key).or_default();
+        match descriptor.value {
+            None => nodes.default = Some(node),
+            Some(value) if value.contains('*') => nodes.wildcards.push((value, node)),
+            Some(value) => {
+                nodes.exact.insert(value, node);
+            }
+        }
+    }
+    level
+}
+
+/// Glob match where `*` stands for any run of characters (several allowed, anywhere).
+///
+/// Greedy with one backtrack point: linear in practice, O(pattern x value) at worst, and
+/// values are bounded by the request rules.
+pub fn glob_matches(pattern: &str, value: &str) -> bool {
+    let (p, v) = (pattern.as_bytes(), value.as_bytes());
+    let (mut pi, mut vi) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while vi < v.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, vi));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == v[vi] {
+            pi += 1;
+            vi += 1;
+        } else if let Some((star_p, star_v)) = star {
+            pi = star_p + 1;
+            vi = star_v + 1;
+            star = Some((star_p, star_v + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Limit, Policy, Unit};
+
+    fn rule(path: &str) -> Arc<Rule> {
+        Arc::new(Rule {
+            domain: "d".into(),
+            path: path.into(),
+            name: None,
+            replaces: vec![],
+            limit: Limit::Limited(Policy::fixed_window(1, Unit::Second)),
+            shadow_mode: false,
+            quota_mode: false,
+            detailed_metric: false,
+            value_to_metric: false,
+        })
+    }
+
+    fn node(
+        key: &str,
+        value: Option<&str>,
+        limited: bool,
+        children: Vec<DescriptorRule>,
+    ) -> DescriptorRule {
+        let path = match value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.to_string(),
+        };
+        DescriptorRule {
+            key: key.into(),
+            value: value.map(Into::into),
+            share_threshold: false,
+            rule: limited.then(|| rule(&path)),
+            children,
+        }
+    }
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The reference service's documented example: a `key` tree with exact, wildcard and
+    /// default nodes and a nested level.
+    fn matcher() -> Matcher {
+        Matcher::new(vec![DomainRules {
+            domain: "d".into(),
+            descriptors: vec![
+                node(
+                    "key1",
+                    Some("value1"),
+                    false,
+                    vec![
+                        node("subkey1", None, true, vec![]),
+                        node("subkey1", Some("sv"), true, vec![]),
+                    ],
+                ),
+                node("key2", None, true, vec![]),
+                node("key2", Some("value2"), true, vec![]),
+                node("path", Some("/api/*"), true, vec![]),
+                node("path", Some("/a*/x*"), true, vec![]),
+                node("path", Some("/*"), true, vec![]),
+                node(
+                    "parent",
+                    None,
+                    true,
+                    vec![node("child", None, true, vec![])],
+                ),
+            ],
+        }])
+    }
+
+    fn path_of(m: &Matcher, pairs: &[(&str, &str)]) -> Option<String> {
+        let entries = entries(pairs);
+        m.lookup("d", &entries)
+            .map(|matched| matched.rule.path.clone())
+    }
+
+    #[test]
+    fn reference_matching_table() {
+        let m = matcher();
+        let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+            (&[("key2", "value2")], Some("key2_value2")),
+            (&[("key2", "other")], Some("key2")),
+            (&[("key2", "")], Some("key2")),
+            (&[("key1", "value1")], None),
+            (&[("key1", "value1"), ("subkey1", "x")], Some("subkey1")),
+            (&[("key1", "value1"), ("subkey1", "sv")], Some("subkey1_sv")),
+            (&[("key1", "nope"), ("subkey1", "x")], None),
+            (&[("key2", "value2"), ("extra", "x")], None),
+            (&[("unknown", "x")], None),
+            (&[("parent", "p")], Some("parent")),
+            (&[("parent", "p"), ("child", "c")], Some("child")),
+            (&[("parent", "p"), ("child", "c"), ("deeper", "x")], None),
+            (&[], None),
+        ];
+        for (pairs, expected) in cases {
+            assert_eq!(path_of(&m, pairs).as_deref(), *expected, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn wildcards_match_in_file_order() {
+        let m = matcher();
+        assert_eq!(
+            path_of(&m, &[("path", "/api/users")]).as_deref(),
+            Some("path_/api/*")
+        );
+        assert_eq!(
+            path_of(&m, &[("path", "/ab/xy")]).as_deref(),
+            Some("path_/a*/x*")
+        );
+        assert_eq!(
+            path_of(&m, &[("path", "/login")]).as_deref(),
+            Some("path_/*")
+        );
+        assert_eq!(path_of(&m, &[("path", "login")]), None);
+    }
+
+    #[test]
+    fn unknown_domain_matches_nothing() {
+        let m = matcher();
+        assert!(m.lookup("other", &entries(&[("key2", "v")])).is_none());
+        assert!(m.has_domain("d") && !m.has_domain("other"));
+    }
+
+    #[test]
+    fn glob_semantics() {
+        assert!(glob_matches("*", ""));
+        assert!(glob_matches("a*", "a"));
+        assert!(glob_matches("*b*c", "abxbc"));
+        assert!(glob_matches("a**b", "ab"));
+        assert!(!glob_matches("a*b", "abc"));
+        assert!(!glob_matches("abc", "ab"));
+        assert!(glob_matches("/api/*/v*", "/api/x/v1"));
+    }
+
+    #[test]
+    fn metric_keys_follow_value_flags() {
+        let mut plain = node("user", None, true, vec![]);
+        let mut detailed = plain.clone();
+        let mut with_value = plain.clone();
+        Arc::make_mut(detailed.rule.as_mut().unwrap()).detailed_metric = true;
+        Arc::make_mut(with_value.rule.as_mut().unwrap()).value_to_metric = true;
+        let entries = entries(&[("user", "alice")]);
+        for (descriptor, expected) in [
+            (&mut plain, "user"),
+            (&mut detailed, "user_alice"),
+            (&mut with_value, "user_alice"),
+        ] {
+            let m = Matcher::new(vec![DomainRules {
+                domain: "d".into(),
+                descriptors: vec![descriptor.clone()],
+            }]);
+            let matched = m.lookup("d", &entries).unwrap();
+            assert_eq!(matched.metric_key(&entries), expected);
+        }
+    }
+
+    #[test]
+    fn share_threshold_names_the_bucket_by_pattern() {
+        let mut shared = node("path", Some("/api/*"), true, vec![]);
+        shared.share_threshold = true;
+        let m = Matcher::new(vec![DomainRules {
+            domain: "d".into(),
+            descriptors: vec![shared],
+        }]);
+        let entries = entries(&[("path", "/api/x")]);
+        let matched = m.lookup("d", &entries).unwrap();
+        assert_eq!(
+            matched.levels,
+            vec![("path", "/api/*", LevelMatch::Wildcard { shared: true })]
+        );
+    }
+}

@@ -4,12 +4,17 @@
 //! calls them directly, the Redis backends run Lua scripts that follow them line for line.
 //! A backend never sees protocol types; the limiter hands it resolved charges.
 
+pub mod cluster;
 pub mod keys;
 // pub mod memory;
+pub mod redis;
+pub mod scripts;
 
 use async_trait::async_trait;
 
+pub use cluster::ClusterBackend;
 pub use keys::BucketKey;
+pub use redis::{RedisBackend, RedisOptions};
 
 use crate::rules::Policy;
 

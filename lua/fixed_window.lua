@@ -1,0 +1,125 @@
+--[[
+floodgate: fixed window (SPEC 3), the Lua twin of src/algorithm/fixed_window.rs.
+
+KEYS[1]  the bucket: a hash {w = window index, c = count, lk = locked-until ms (0 = none)}
+ARGV[1]  "charge" or "refund"
+ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
+ARGV[3]  W: window length in ms (>= 1)
+ARGV[4]  L: requests per window (>= 1)
+ARGV[5]  B: burst (unused here; every script takes the same ARGV)
+ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
+ARGV[7]  lockout in ms (0 = none)
+ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+
+Reply, integers only:
+  charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
+  refund  {changed 0|1, now_ms}
+
+Time is the server's clock (TIME), so every client agrees on window boundaries. Every write
+sets PEXPIRE to the state's expiry, so idle buckets vanish on their own.
+]]
+local key = KEYS[1]
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local W = tonumber(ARGV[3])
+local L = tonumber(ARGV[4])
+local consume = ARGV[6] == '1'
+local lockout = tonumber(ARGV[7])
+if not (n and W and L and lockout) or n < 0 or W < 1 or L < 1 or lockout < 0 then
+  return redis.error_reply('ERR floodgate fixed_window: bad arguments')
+end
+
+-- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
+local MAX = 9007199254740992
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Integers go to Redis as exact decimals: tostring would round to 14 digits.
+local function int(x)
+  return string.format('%d', x)
+end
+
+local s = redis.call('HMGET', key, 'w', 'c', 'lk')
+local window = tonumber(s[1]) or 0
+local count = tonumber(s[2]) or 0
+local locked = tonumber(s[3]) or 0
+
+local function save()
+  local expires = locked
+  if count > 0 then
+    expires = math.max(expires, (window + 1) * W)
+  end
+  redis.call('HSET', key, 'w', int(window), 'c', int(count), 'lk', int(locked))
+  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+end
+
+if op == 'refund' then
+  local booked_at = tonumber(ARGV[8])
+  if not booked_at then
+    return redis.error_reply('ERR floodgate fixed_window: bad booked_at')
+  end
+  -- A booking from another window is already forgotten.
+  if math.floor(booked_at / W) ~= window or count == 0 or n == 0 then
+    return {0, now}
+  end
+  count = count - math.min(count, n)
+  save()
+  return {1, now}
+elseif op ~= 'charge' then
+  return redis.error_reply('ERR floodgate fixed_window: unknown op')
+end
+
+-- Roll into the current window. An older one (the clock went backwards) keeps counting
+-- in the stored window unless that is empty.
+local cur = math.floor(now / W)
+if cur > window or count == 0 then
+  window = cur
+  count = 0
+end
+local reset = math.max((window + 1) * W - now, 0)
+
+-- Returns allowed, remaining, reset_ms, booked.
+local function check(book_on_deny)
+  if count + n <= L then
+    count = count + n
+    return true, L - count, reset, true
+  end
+  if book_on_deny then
+    count = math.min(count + n, MAX)
+  end
+  return false, 0, reset, book_on_deny
+end
+
+local function reply(allowed, remaining, reset_ms, booked)
+  return {allowed and 1 or 0, remaining, reset_ms, now, booked and 1 or 0}
+end
+
+-- The shared order of Bucket::decide: peek, lock, algorithm, lockout.
+if n == 0 then
+  if locked > now then
+    return reply(false, 0, locked - now, false)
+  end
+  return reply(count < L, math.max(L - count, 0), reset, false)
+end
+if locked > now then
+  local booked = false
+  if consume then
+    local _, _, _, b = check(true)
+    booked = b
+  end
+  if booked then
+    save()
+  end
+  return reply(false, 0, locked - now, booked)
+end
+local allowed, remaining, reset_ms, booked = check(consume)
+local write = booked
+if not allowed and lockout > 0 then
+  locked = now + lockout
+  reset_ms = lockout
+  write = true
+end
+if write then
+  save()
+end
+return reply(allowed, remaining, reset_ms, booked)

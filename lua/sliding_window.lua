@@ -1,0 +1,167 @@
+--[[
+floodgate: sliding window, the weighted two-window counter (SPEC 3); the Lua twin of
+src/algorithm/sliding_window.rs. Validation keeps L*W <= 2^53, so products stay exact.
+
+KEYS[1]  the bucket: a hash {w = window index, c = current count, p = previous count,
+         lk = locked-until ms (0 = none)}
+ARGV[1]  "charge" or "refund"
+ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
+ARGV[3]  W: window length in ms (>= 1)
+ARGV[4]  L: requests per window (>= 1)
+ARGV[5]  B: burst (unused here; every script takes the same ARGV)
+ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
+ARGV[7]  lockout in ms (0 = none)
+ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+
+Reply, integers only:
+  charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
+  refund  {changed 0|1, now_ms}
+]]
+local key = KEYS[1]
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local W = tonumber(ARGV[3])
+local L = tonumber(ARGV[4])
+local consume = ARGV[6] == '1'
+local lockout = tonumber(ARGV[7])
+if not (n and W and L and lockout) or n < 0 or W < 1 or L < 1 or lockout < 0 then
+  return redis.error_reply('ERR floodgate sliding_window: bad arguments')
+end
+
+local MAX = 9007199254740992
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+local function cdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+local s = redis.call('HMGET', key, 'w', 'c', 'p', 'lk')
+local window = tonumber(s[1]) or 0
+local c = tonumber(s[2]) or 0
+local p = tonumber(s[3]) or 0
+local locked = tonumber(s[4]) or 0
+
+local function save()
+  local expires = locked
+  if c > 0 then
+    expires = math.max(expires, (window + 2) * W)
+  elseif p > 0 then
+    expires = math.max(expires, (window + 1) * W)
+  end
+  redis.call('HSET', key, 'w', int(window), 'c', int(c), 'p', int(p), 'lk', int(locked))
+  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+end
+
+-- Roll to now: the current count becomes the previous one in the next window; older
+-- counts are gone. An earlier window (the clock went backwards) keeps the stored state.
+local cur = math.floor(now / W)
+if (c == 0 and p == 0) or cur > window + 1 then
+  window, c, p = cur, 0, 0
+elseif cur == window + 1 then
+  window, c, p = cur, 0, c
+end
+-- e: elapsed ms in the window, in 0..W-1.
+local e = math.min(math.max(now - window * W, 0), W - 1)
+
+if op == 'refund' then
+  local booked_at = tonumber(ARGV[8])
+  if not booked_at then
+    return redis.error_reply('ERR floodgate sliding_window: bad booked_at')
+  end
+  local b = math.floor(booked_at / W)
+  if window == b and c > 0 and n > 0 then
+    c = c - math.min(c, n)
+  elseif window == b + 1 and p > 0 and n > 0 then
+    p = p - math.min(p, n)
+  else
+    return {0, now}
+  end
+  save()
+  return {1, now}
+elseif op ~= 'charge' then
+  return redis.error_reply('ERR floodgate sliding_window: unknown op')
+end
+
+-- The remaining count after booking k, or nil when k does not fit. Testing c + k <= L
+-- first keeps every product below L*W.
+local function fit(k)
+  if c + k > L then
+    return nil
+  end
+  local left = L * W - p * (W - e) - (c + k) * W
+  if left < 0 then
+    return nil
+  end
+  return math.floor(left / W)
+end
+
+-- R for a denied k: the earliest wait after which k fits if nothing else is booked.
+local function wait(k)
+  if c + k <= L and p > 0 then
+    return cdiv(math.max(p * (W - e) - (L - c - k) * W, 0), p)
+  elseif k > L or c == 0 then
+    return (W - e) + W
+  end
+  return (W - e) + W - math.floor((L - k) * W / c)
+end
+
+-- Returns allowed, remaining, reset_ms, booked.
+local function check(book_on_deny)
+  local remaining = fit(n)
+  if remaining then
+    c = c + n
+    return true, remaining, W - e, true
+  end
+  local reset = wait(n)
+  if book_on_deny then
+    c = math.min(c + n, MAX)
+  end
+  return false, 0, reset, book_on_deny
+end
+
+local function reply(allowed, remaining, reset_ms, booked)
+  return {allowed and 1 or 0, remaining, reset_ms, now, booked and 1 or 0}
+end
+
+if n == 0 then
+  if locked > now then
+    return reply(false, 0, locked - now, false)
+  end
+  local remaining = fit(1)
+  if remaining then
+    -- What is left without booking the probe: one more than after booking it.
+    return reply(true, remaining + 1, W - e, false)
+  end
+  return reply(false, 0, wait(1), false)
+end
+if locked > now then
+  local booked = false
+  if consume then
+    local _, _, _, b = check(true)
+    booked = b
+  end
+  if booked then
+    save()
+  end
+  return reply(false, 0, locked - now, booked)
+end
+local allowed, remaining, reset_ms, booked = check(consume)
+local write = booked
+if not allowed and lockout > 0 then
+  locked = now + lockout
+  reset_ms = lockout
+  write = true
+end
+if write then
+  save()
+end
+return reply(allowed, remaining, reset_ms, booked)

@@ -1,0 +1,158 @@
+--[[
+floodgate: token bucket as integer GCRA (SPEC 3), the Lua twin of
+src/algorithm/token_bucket.rs.
+
+Scaling keeps everything integral: g = gcd(W, L), one request is U = W/g units, the level
+leaks lambda = L/g units per ms, capacity C = B*U. Validation keeps C <= 2^53, so every
+quantity below is an exact double.
+
+KEYS[1]  the bucket: a hash {u = level in units, t = ms of u, lk = locked-until ms (0 = none)}
+ARGV[1]  "charge" or "refund"
+ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
+ARGV[3]  W: window length in ms (>= 1)
+ARGV[4]  L: requests per window (>= 1)
+ARGV[5]  B: burst, the capacity in requests (>= 1)
+ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
+ARGV[7]  lockout in ms (0 = none)
+ARGV[8]  refund only: booked_at (unused: units leak alike whoever booked them)
+
+Reply, integers only:
+  charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
+  refund  {changed 0|1, now_ms}
+]]
+local key = KEYS[1]
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local W = tonumber(ARGV[3])
+local L = tonumber(ARGV[4])
+local B = tonumber(ARGV[5])
+local consume = ARGV[6] == '1'
+local lockout = tonumber(ARGV[7])
+if not (n and W and L and B and lockout) or n < 0 or W < 1 or L < 1 or B < 1 or lockout < 0 then
+  return redis.error_reply('ERR floodgate token_bucket: bad arguments')
+end
+
+local MAX = 9007199254740992
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- floor(a/b) of a double quotient is exact for integers 0 <= a < 2^53, b >= 1.
+local function cdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+local function gcd(a, b)
+  while b ~= 0 do
+    a, b = b, a % b
+  end
+  return a
+end
+
+local g = gcd(W, L)
+local U = W / g
+local lambda = L / g
+local C = B * U
+
+local s = redis.call('HMGET', key, 'u', 't', 'lk')
+local level = tonumber(s[1]) or 0
+local updated = tonumber(s[2]) or 0
+local locked = tonumber(s[3]) or 0
+
+-- u0: what is left at now. A clock going backwards leaks nothing; a leak too large for a
+-- double is still larger than the level, so the max() below stays exact.
+local u0 = level - math.max(now - updated, 0) * lambda
+if u0 < 0 then
+  u0 = 0
+end
+
+local function save()
+  local expires = math.max(updated + cdiv(level, lambda), locked)
+  redis.call('HSET', key, 'u', int(level), 't', int(updated), 'lk', int(locked))
+  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+end
+
+if op == 'refund' then
+  if u0 == 0 or n == 0 then
+    return {0, now}
+  end
+  -- n*U may not be exact when huge, but it is then above u0 all the same.
+  if n * U >= u0 then
+    level = 0
+  else
+    level = u0 - n * U
+  end
+  updated = now
+  save()
+  return {1, now}
+elseif op ~= 'charge' then
+  return redis.error_reply('ERR floodgate token_bucket: unknown op')
+end
+
+-- Returns allowed, remaining, reset_ms, booked. Comparisons are written as u0 <= C - n*U so
+-- that no intermediate exceeds 2^53 (u0 itself may reach 2^53 under consume).
+local function check(book_on_deny)
+  if n > B then
+    -- Can never fit: no write, not even under consume.
+    return false, 0, cdiv(u0, lambda), false
+  end
+  local room = C - n * U
+  if u0 <= room then
+    level = u0 + n * U
+    updated = now
+    return true, math.floor((C - level) / U), cdiv(level, lambda), true
+  end
+  local reset = cdiv(u0 - room, lambda)
+  if book_on_deny then
+    if u0 >= MAX - n * U then
+      level = MAX
+    else
+      level = u0 + n * U
+    end
+    updated = now
+  end
+  return false, 0, reset, book_on_deny
+end
+
+local function reply(allowed, remaining, reset_ms, booked)
+  return {allowed and 1 or 0, remaining, reset_ms, now, booked and 1 or 0}
+end
+
+if n == 0 then
+  if locked > now then
+    return reply(false, 0, locked - now, false)
+  end
+  if u0 <= C - U then
+    return reply(true, math.floor((C - u0) / U), cdiv(u0, lambda), false)
+  end
+  return reply(false, 0, cdiv(u0 - (C - U), lambda), false)
+end
+if locked > now then
+  local booked = false
+  if consume then
+    local _, _, _, b = check(true)
+    booked = b
+  end
+  if booked then
+    save()
+  end
+  return reply(false, 0, locked - now, booked)
+end
+local allowed, remaining, reset_ms, booked = check(consume)
+local write = booked
+if not allowed and lockout > 0 then
+  locked = now + lockout
+  reset_ms = lockout
+  write = true
+end
+if write then
+  save()
+end
+return reply(allowed, remaining, reset_ms, booked)

@@ -1,0 +1,176 @@
+//! Redis Cluster through redis-rs' async cluster client.
+//!
+//! The client keeps one multiplexed connection per node, follows `MOVED`/`ASK`, retries
+//! `TRYAGAIN`/`CLUSTERDOWN` and refreshes the slot map after a failover. The charges of one
+//! request may live in different slots, so they run concurrently (one script call each,
+//! pipelined per node by the multiplexed connections) under one deadline.
+//! `RedisOptions::pool_size` does not apply here.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use redis::Value;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use tokio::time::{Instant, timeout_at};
+
+use super::redis::{RedisOptions, Secrets, config_error};
+use super::scripts::{self, Call, ScriptSet, Via};
+use super::{Backend, BackendError, Charge, Outcome, Refund};
+
+/// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
+/// timeout bounds them all the same.
+const CLIENT_RETRIES: u32 = 3;
+/// Shortest wait before such a retry, in ms (the client's default of 1.28 s exceeds any
+/// sensible backend timeout).
+const MIN_RETRY_WAIT_MS: u64 = 10;
+
+/// Rate limits in a Redis Cluster (SPEC 4 `redis-cluster`).
+pub struct ClusterBackend {
+    conn: ClusterConnection,
+    scripts: ScriptSet,
+    options: RedisOptions,
+    secrets: Secrets,
+}
+
+impl fmt::Debug for ClusterBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterBackend")
+            .field("urls", &"***")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterBackend {
+    /// Connects to the cluster through the seed nodes `urls` (`redis://` or `rediss://`,
+    /// all with the same credentials), learns the slot map and loads the scripts on every
+    /// node, all within `options.timeout` each.
+    ///
+    /// # Errors
+    /// `Failed` for invalid URLs or options, a refused login or a failed script load;
+    /// `Unavailable` or `Timeout` when no seed node answers. No message contains a URL or
+    /// a password.
+    pub async fn connect(
+        urls: &[String],
+        options: RedisOptions,
+    ) -> Result<ClusterBackend, BackendError> {
+        options.validate()?;
+        if urls.is_empty() {
+            return Err(config_error("no cluster seed URL"));
+        }
+        let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let secrets = Secrets::of(&refs);
+        let max_wait_ms = (options.timeout.as_millis() as u64).max(MIN_RETRY_WAIT_MS);
+        let client = ClusterClient::builder(refs)
+            .connection_timeout(options.timeout)
+            .response_timeout(options.timeout)
+            .retries(CLIENT_RETRIES)
+            .min_retry_wait(MIN_RETRY_WAIT_MS)
+            .max_retry_wait(max_wait_ms)
+            .build()
+            .map_err(|e| {
+                secrets.scrub(BackendError::Failed(format!(
+                    "invalid Redis Cluster URLs: {e}"
+                )))
+            })?;
+        let deadline = Instant::now() + options.timeout;
+        let conn = match timeout_at(deadline, client.get_async_connection()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Err(_) => return Err(BackendError::Timeout),
+        };
+        let backend = ClusterBackend {
+            conn,
+            scripts: ScriptSet::new(),
+            options,
+            secrets,
+        };
+        for cmd in ScriptSet::load_commands() {
+            let deadline = Instant::now() + backend.options.timeout;
+            let mut conn = backend.conn.clone();
+            backend
+                .bounded(deadline, cmd.query_async::<Value>(&mut conn))
+                .await?;
+        }
+        Ok(backend)
+    }
+
+    /// The options the backend runs with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    async fn bounded<T>(
+        &self,
+        deadline: Instant,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, BackendError> {
+        match timeout_at(deadline, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Err(_) => Err(BackendError::Timeout),
+        }
+    }
+
+    /// Runs one script call; after `NOSCRIPT` (a node that never saw the script, such as a
+    /// freshly promoted replica) it goes again as `EVAL`.
+    async fn run(&self, call: &Call, deadline: Instant) -> Result<Value, BackendError> {
+        let mut conn = self.conn.clone();
+        let first = call.command(&self.scripts, Via::Sha);
+        match timeout_at(deadline, first.query_async::<Value>(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if scripts::is_noscript_error(&e) => {
+                let again = call.command(&self.scripts, Via::Source);
+                self.bounded(deadline, again.query_async::<Value>(&mut conn))
+                    .await
+            }
+            Ok(Err(e)) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Err(_) => Err(BackendError::Timeout),
+        }
+    }
+
+    async fn run_all(&self, calls: &[Call]) -> Result<Vec<Value>, BackendError> {
+        let deadline = Instant::now() + self.options.timeout;
+        join_all(calls.iter().map(|call| self.run(call, deadline)))
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Backend for ClusterBackend {
+    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
+        let prefix = &self.options.key_prefix;
+        let calls: Vec<Call> = charges.iter().map(|c| Call::charge(c, prefix)).collect();
+        self.run_all(&calls)
+            .await?
+            .into_iter()
+            .map(|v| scripts::outcome(v).map_err(|e| self.secrets.scrub(e)))
+            .collect()
+    }
+
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
+        let prefix = &self.options.key_prefix;
+        let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
+        for value in self.run_all(&calls).await? {
+            scripts::refunded(value).map_err(|e| self.secrets.scrub(e))?;
+        }
+        Ok(())
+    }
+
+    /// PING goes to every master: the cluster is ready only when all of them answer.
+    async fn ping(&self) -> Result<(), BackendError> {
+        let deadline = Instant::now() + self.options.timeout;
+        let mut conn = self.conn.clone();
+        self.bounded(deadline, redis::cmd("PING").query_async::<Value>(&mut conn))
+            .await
+            .map(|_| ())
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+}

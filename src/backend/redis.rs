@@ -1,0 +1,456 @@
+//! One Redis node through a bb8 pool of multiplexed connections.
+//!
+//! The charges of one request go out as one pipeline: one round trip whatever the number of
+//! descriptors. A pooled connection is cloned and handed back at once instead of being held
+//! for the call, so any number of requests share the pool's few sockets concurrently and the
+//! pool size is simply the number of sockets to Redis.
+//!
+//! Every call is bounded by `RedisOptions::timeout`. bb8-redis's own connection manager never
+//! reports a connection as broken (only a PING per checkout would notice, doubling the round
+//! trips), so this module has its own: a connection that failed at the transport level or
+//! timed out is flagged and replaced on its next checkout. After an outage the backend thus
+//! reconnects by itself; the calls that were on a dead connection fail and are not retried,
+//! because a script whose reply was lost may have run.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bb8_redis::bb8;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, IntoConnectionInfo, RedisError, Value};
+use tokio::time::{Instant, timeout_at};
+
+use super::scripts::{self, Call, ScriptSet, Via};
+use super::{Backend, BackendError, Charge, Outcome, Refund};
+
+/// Default number of connections (sockets) to one Redis node.
+pub const DEFAULT_POOL_SIZE: u32 = 4;
+/// Default bound on one backend call, the `--backend-timeout-ms` default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default key prefix, the `--key-prefix` default.
+pub const DEFAULT_KEY_PREFIX: &str = "fg";
+
+/// Settings shared by the Redis and Redis Cluster backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Connections to the node (single node only; the cluster client keeps one multiplexed
+    /// connection per node).
+    pub pool_size: u32,
+    /// Bound on every call, connecting included.
+    pub timeout: Duration,
+    /// Prepended to every bucket key: `<prefix>:{<hash>}`.
+    pub key_prefix: String,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            pool_size: DEFAULT_POOL_SIZE,
+            timeout: DEFAULT_TIMEOUT,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Rejects settings that cannot work.
+    ///
+    /// A brace in the prefix would become the Redis Cluster hash tag of every key, putting
+    /// all buckets in one slot.
+    pub(crate) fn validate(&self) -> Result<(), BackendError> {
+        if self.pool_size == 0 {
+            return Err(config_error("pool size must be at least 1"));
+        }
+        if self.timeout.is_zero() {
+            return Err(config_error("timeout must be positive"));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(config_error("key prefix must not contain '{' or '}'"));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn config_error(what: &str) -> BackendError {
+    BackendError::Failed(format!("invalid Redis configuration: {what}"))
+}
+
+/// Strings that must never reach an error message or a log line: passwords and the URLs
+/// that carry them.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets(Vec<String>);
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secrets({} masked)", self.0.len())
+    }
+}
+
+impl Secrets {
+    /// Collects the password of every URL, and the URLs themselves.
+    pub(crate) fn of(urls: &[&str]) -> Secrets {
+        let mut secrets = Vec::new();
+        for url in urls {
+            if let Ok(info) = url.into_connection_info()
+                && let Some(password) = info.redis_settings().password()
+                && !password.is_empty()
+            {
+                secrets.push(password.to_owned());
+            }
+            secrets.push((*url).to_owned());
+        }
+        // Longest first, so a URL is masked whole before the password inside it.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.retain(|s| !s.is_empty());
+        Secrets(secrets)
+    }
+
+    /// `error` with every secret masked.
+    pub(crate) fn scrub(&self, error: BackendError) -> BackendError {
+        let clean = |text: String| {
+            self.0
+                .iter()
+                .fold(text, |text, secret| text.replace(secret.as_str(), "***"))
+        };
+        match error {
+            BackendError::Unavailable(text) => BackendError::Unavailable(clean(text)),
+            BackendError::Failed(text) => BackendError::Failed(clean(text)),
+            other => other,
+        }
+    }
+}
+
+/// A pooled connection and whether it has been seen failing.
+struct Link {
+    conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+}
+
+/// Opens multiplexed connections and tells bb8 which ones failed.
+struct LinkManager {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+}
+
+impl bb8::ManageConnection for LinkManager {
+    type Connection = Link;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Link, RedisError> {
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(Link {
+            conn,
+            broken: Arc::default(),
+        })
+    }
+
+    // The flag, not a PING: a checkout costs no round trip.
+    async fn is_valid(&self, link: &mut Link) -> Result<(), RedisError> {
+        if link.broken.load(Ordering::Relaxed) {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "connection failed earlier",
+            )));
+        }
+        Ok(())
+    }
+
+    fn has_broken(&self, link: &mut Link) -> bool {
+        link.broken.load(Ordering::Relaxed)
+    }
+}
+
+/// Logs failed background connects; the URL is never part of a `RedisError`'s text, and the
+/// message is scrubbed all the same.
+#[derive(Debug, Clone)]
+struct ConnectErrorLog(Secrets);
+
+impl bb8::ErrorSink<RedisError> for ConnectErrorLog {
+    fn sink(&self, error: RedisError) {
+        let error = self.0.scrub(scripts::classify(&error));
+        tracing::debug!(%error, "redis connect failed");
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
+    }
+}
+
+/// A connection borrowed for one call; marks the pooled connection broken on failure.
+struct Borrowed {
+    conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+}
+
+impl Borrowed {
+    fn mark_broken(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+
+    /// Runs `pipe` until `deadline`, flagging the connection on transport errors and
+    /// timeouts (a stalled socket would otherwise stall every later call).
+    async fn query(
+        &mut self,
+        pipe: &redis::Pipeline,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, BackendError> {
+        match timeout_at(deadline, pipe.query_async::<Vec<Value>>(&mut self.conn)).await {
+            Err(_) => {
+                self.mark_broken();
+                Err(BackendError::Timeout)
+            }
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_unrecoverable_error() {
+                    self.mark_broken();
+                }
+                Err(scripts::classify(&e))
+            }
+            Ok(Ok(values)) => Ok(values),
+        }
+    }
+}
+
+/// Rate limits in one Redis node (SPEC 4 `redis`).
+pub struct RedisBackend {
+    pool: bb8::Pool<LinkManager>,
+    scripts: ScriptSet,
+    options: RedisOptions,
+    secrets: Secrets,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("url", &"***")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the node at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`
+    /// for TLS), checks that it answers and loads the scripts, all within `options.timeout`.
+    ///
+    /// # Errors
+    /// `Failed` for an invalid URL or options, a refused login or a failed script load;
+    /// `Unavailable` or `Timeout` when the node cannot be reached. No message contains the
+    /// URL or the password.
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend, BackendError> {
+        options.validate()?;
+        let secrets = Secrets::of(&[url]);
+        let client = redis::Client::open(url)
+            .map_err(|e| secrets.scrub(BackendError::Failed(format!("invalid Redis URL: {e}"))))?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            .set_response_timeout(None);
+        let pool = bb8::Pool::builder()
+            .max_size(options.pool_size)
+            // Every socket stays open: calls spread over all of them (FIFO checkout).
+            .min_idle(Some(options.pool_size))
+            .test_on_check_out(true)
+            // A caller never waits longer than its own budget for a connection, and a
+            // failed connect is not retried in the background: the next call triggers one.
+            .connection_timeout(options.timeout)
+            .retry_connection(false)
+            .error_sink(Box::new(ConnectErrorLog(secrets.clone())))
+            .build_unchecked(LinkManager { client, config });
+        let backend = RedisBackend {
+            pool,
+            scripts: ScriptSet::new(),
+            options,
+            secrets,
+        };
+        backend.load_scripts().await?;
+        Ok(backend)
+    }
+
+    /// The options the backend runs with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    async fn load_scripts(&self) -> Result<(), BackendError> {
+        let mut pipe = redis::pipe();
+        for cmd in ScriptSet::load_commands() {
+            pipe.add_command(cmd);
+        }
+        let deadline = Instant::now() + self.options.timeout;
+        let mut conn = self.borrow(deadline).await?;
+        let values = conn.query(&pipe, deadline).await;
+        let values = values.map_err(|e| self.secrets.scrub(e))?;
+        for value in values {
+            if let Value::ServerError(e) = value {
+                return Err(scripts::classify(&RedisError::from(e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection for one call, or `Unavailable` if none is ready by `deadline`.
+    async fn borrow(&self, deadline: Instant) -> Result<Borrowed, BackendError> {
+        let unavailable =
+            || BackendError::Unavailable("no Redis connection available within the timeout".into());
+        match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(link)) => Ok(Borrowed {
+                conn: link.conn.clone(),
+                broken: link.broken.clone(),
+            }),
+            Ok(Err(bb8::RunError::User(e))) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(unavailable()),
+        }
+    }
+
+    /// Runs `calls` as one pipeline and returns one reply per call, in order. Calls that hit
+    /// `NOSCRIPT` did not run; they go again as `EVAL`, in a second pipeline.
+    async fn run(&self, calls: &[Call]) -> Result<Vec<Value>, BackendError> {
+        let deadline = Instant::now() + self.options.timeout;
+        let mut conn = self.borrow(deadline).await?;
+        let mut values = self
+            .pipeline(&mut conn, calls.iter(), Via::Sha, deadline)
+            .await?;
+        let missing: Vec<usize> = (0..values.len())
+            .filter(|&i| scripts::is_noscript(&values[i]))
+            .collect();
+        if !missing.is_empty() {
+            let retried = self
+                .pipeline(
+                    &mut conn,
+                    missing.iter().map(|&i| &calls[i]),
+                    Via::Source,
+                    deadline,
+                )
+                .await?;
+            for (i, value) in missing.into_iter().zip(retried) {
+                values[i] = value;
+            }
+        }
+        Ok(values)
+    }
+
+    async fn pipeline<'a>(
+        &self,
+        conn: &mut Borrowed,
+        calls: impl Iterator<Item = &'a Call>,
+        via: Via,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, BackendError> {
+        let mut pipe = redis::pipe();
+        // Server errors come back per command instead of failing the whole pipeline, so a
+        // NOSCRIPT can be retried alone.
+        pipe.ignore_errors();
+        let mut expected = 0;
+        for call in calls {
+            pipe.add_command(call.command(&self.scripts, via));
+            expected += 1;
+        }
+        let values = conn
+            .query(&pipe, deadline)
+            .await
+            .map_err(|e| self.secrets.scrub(e))?;
+        if values.len() != expected {
+            return Err(BackendError::Failed(format!(
+                "pipeline returned {} replies for {expected} calls",
+                values.len()
+            )));
+        }
+        Ok(values)
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
+        if charges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let prefix = &self.options.key_prefix;
+        let calls: Vec<Call> = charges.iter().map(|c| Call::charge(c, prefix)).collect();
+        let values = self.run(&calls).await?;
+        values
+            .into_iter()
+            .map(|v| scripts::outcome(v).map_err(|e| self.secrets.scrub(e)))
+            .collect()
+    }
+
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
+        if refunds.is_empty() {
+            return Ok(());
+        }
+        let prefix = &self.options.key_prefix;
+        let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
+        for value in self.run(&calls).await? {
+            scripts::refunded(value).map_err(|e| self.secrets.scrub(e))?;
+        }
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        let deadline = Instant::now() + self.options.timeout;
+        let mut conn = self.borrow(deadline).await?;
+        let mut pipe = redis::pipe();
+        pipe.add_command(redis::cmd("PING"));
+        conn.query(&pipe, deadline)
+            .await
+            .map_err(|e| self.secrets.scrub(e))?;
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_reject_braces_and_zeroes() {
+        assert!(RedisOptions::default().validate().is_ok());
+        let bad = [
+            RedisOptions {
+                key_prefix: "a{b}".into(),
+                ..Default::default()
+            },
+            RedisOptions {
+                pool_size: 0,
+                ..Default::default()
+            },
+            RedisOptions {
+                timeout: Duration::ZERO,
+                ..Default::default()
+            },
+        ];
+        for options in bad {
+            assert!(options.validate().is_err(), "{options:?}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_masked_in_errors() {
+        let url = "redis://user:s%40cret@127.0.0.1:1/0";
+        let secrets = Secrets::of(&[url]);
+        let masked = secrets.scrub(BackendError::Unavailable(format!("{url} and s@cret")));
+        let text = masked.to_string();
+        assert!(
+            !text.contains("s@cret") && !text.contains("s%40cret"),
+            "{text}"
+        );
+        assert!(text.contains("***"));
+    }
+
+    #[tokio::test]
+    async fn invalid_url_is_reported_without_the_url() {
+        let err = RedisBackend::connect("nonsense://pw@host", RedisOptions::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BackendError::Failed(_)));
+        assert!(!err.to_string().contains("pw@host"), "{err}");
+    }
+}

@@ -1,0 +1,329 @@
+//! The Lua scripts of `lua/`, hashed once, and how a charge or refund becomes one command.
+//!
+//! Every script takes one key (the bucket) and the same ARGV (see the header of each file),
+//! and answers integers only. Commands go out as `EVALSHA`; a node that answers `NOSCRIPT`
+//! (restarted, flushed, or a replica promoted since the scripts were loaded) gets the same
+//! call again as `EVAL` with the source, which runs it and caches it in one step on exactly
+//! the node that owns the key. A retry never repeats a call that ran: `NOSCRIPT` means the
+//! script did not start.
+
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::{BackendError, Charge, Outcome, Refund};
+use crate::rules::{Algorithm, OnOverLimit, Policy};
+
+const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
+const TOKEN_BUCKET: &str = include_str!("../../lua/token_bucket.lua");
+const SLIDING_WINDOW: &str = include_str!("../../lua/sliding_window.lua");
+const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
+
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::FixedWindow,
+    Algorithm::TokenBucket,
+    Algorithm::SlidingWindow,
+    Algorithm::SlidingLog,
+];
+
+/// The source of the script that runs `algorithm`.
+pub fn source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => FIXED_WINDOW,
+        Algorithm::TokenBucket => TOKEN_BUCKET,
+        Algorithm::SlidingWindow => SLIDING_WINDOW,
+        Algorithm::SlidingLog => SLIDING_LOG,
+    }
+}
+
+/// One script per algorithm with its SHA-1, computed once when a backend is built.
+#[derive(Debug, Clone)]
+pub struct ScriptSet {
+    fixed_window: redis::Script,
+    token_bucket: redis::Script,
+    sliding_window: redis::Script,
+    sliding_log: redis::Script,
+}
+
+impl Default for ScriptSet {
+    fn default() -> Self {
+        ScriptSet::new()
+    }
+}
+
+impl ScriptSet {
+    /// Hashes the four scripts.
+    pub fn new() -> ScriptSet {
+        let script = |algorithm| redis::Script::new(source(algorithm));
+        ScriptSet {
+            fixed_window: script(Algorithm::FixedWindow),
+            token_bucket: script(Algorithm::TokenBucket),
+            sliding_window: script(Algorithm::SlidingWindow),
+            sliding_log: script(Algorithm::SlidingLog),
+        }
+    }
+
+    /// The script that runs `algorithm`.
+    pub fn get(&self, algorithm: Algorithm) -> &redis::Script {
+        match algorithm {
+            Algorithm::FixedWindow => &self.fixed_window,
+            Algorithm::TokenBucket => &self.token_bucket,
+            Algorithm::SlidingWindow => &self.sliding_window,
+            Algorithm::SlidingLog => &self.sliding_log,
+        }
+    }
+
+    /// `SCRIPT LOAD` of every script (a cluster client sends it to every node).
+    pub(crate) fn load_commands() -> impl Iterator<Item = Cmd> {
+        ALGORITHMS.into_iter().map(|algorithm| {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(source(algorithm));
+            cmd
+        })
+    }
+}
+
+/// How a command names its script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// `EVALSHA <sha>`: the normal path.
+    Sha,
+    /// `EVAL <source>`: after `NOSCRIPT`.
+    Source,
+}
+
+/// One script call: which script, on which key, with which ARGV.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    algorithm: Algorithm,
+    key: String,
+    args: [String; 8],
+}
+
+impl Call {
+    /// The call that decides `charge` on the bucket stored under `prefix`.
+    pub(crate) fn charge(charge: &Charge, prefix: &str) -> Call {
+        Call::new(
+            "charge",
+            &charge.bucket,
+            &charge.policy,
+            charge.cost,
+            0,
+            prefix,
+        )
+    }
+
+    /// The call that undoes `refund` on the bucket stored under `prefix`.
+    pub(crate) fn refund(refund: &Refund, prefix: &str) -> Call {
+        Call::new(
+            "refund",
+            &refund.bucket,
+            &refund.policy,
+            refund.cost,
+            refund.booked_at_ms,
+            prefix,
+        )
+    }
+
+    fn new(
+        op: &str,
+        bucket: &super::BucketKey,
+        policy: &Policy,
+        cost: u64,
+        booked_at_ms: i64,
+        prefix: &str,
+    ) -> Call {
+        let consume = policy.on_over_limit == OnOverLimit::Consume;
+        Call {
+            algorithm: policy.algorithm,
+            key: bucket.redis_key(prefix),
+            args: [
+                op.to_owned(),
+                cost.to_string(),
+                policy.window_ms().to_string(),
+                policy.requests_per_unit.to_string(),
+                policy.burst.to_string(),
+                if consume { "1" } else { "0" }.to_owned(),
+                policy.lockout_ms().to_string(),
+                booked_at_ms.to_string(),
+            ],
+        }
+    }
+
+    /// The command: `EVALSHA sha 1 key argv...` or `EVAL source 1 key argv...`.
+    pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
+        let mut cmd = match via {
+            Via::Sha => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(scripts.get(self.algorithm).get_hash());
+                cmd
+            }
+            Via::Source => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(source(self.algorithm));
+                cmd
+            }
+        };
+        cmd.arg(1).arg(&self.key).arg(&self.args[..]);
+        cmd
+    }
+}
+
+/// Whether a reply says that the node does not know the script.
+pub(crate) fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+}
+
+/// Whether an error says that the node does not know the script.
+pub(crate) fn is_noscript_error(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Reads a charge reply `{allowed, remaining, reset_ms, now_ms, booked}`.
+pub(crate) fn outcome(value: Value) -> Result<Outcome, BackendError> {
+    match integers::<5>(value)? {
+        [
+            allowed @ 0..=1,
+            remaining @ 0..=i64::MAX,
+            reset_ms @ 0..=i64::MAX,
+            now_ms,
+            booked @ 0..=1,
+        ] => Ok(Outcome {
+            allowed: allowed == 1,
+            remaining: remaining as u64,
+            reset_ms: reset_ms as u64,
+            now_ms,
+            booked: booked == 1,
+        }),
+        other => Err(BackendError::Failed(format!(
+            "script reply out of range: {other:?}"
+        ))),
+    }
+}
+
+/// Checks a refund reply `{changed, now_ms}`.
+pub(crate) fn refunded(value: Value) -> Result<(), BackendError> {
+    integers::<2>(value).map(|_| ())
+}
+
+fn integers<const N: usize>(value: Value) -> Result<[i64; N], BackendError> {
+    let items = match value {
+        Value::Array(items) if items.len() == N => items,
+        Value::ServerError(e) => return Err(server_error(&RedisError::from(e))),
+        other => {
+            return Err(BackendError::Failed(format!(
+                "unexpected script reply: {other:?}"
+            )));
+        }
+    };
+    let mut out = [0i64; N];
+    for (slot, item) in out.iter_mut().zip(items) {
+        *slot = match item {
+            Value::Int(i) => i,
+            other => {
+                return Err(BackendError::Failed(format!(
+                    "non-integer in script reply: {other:?}"
+                )));
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Maps a Redis error to the backend's error kinds, in words that carry no address or
+/// credential: transport failures are `Unavailable`, answers from the server `Failed`.
+///
+/// Server errors keep their code first (`CLUSTERDOWN`, `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
+/// `READONLY`, `NOSCRIPT`, ...) and say whether waiting can help, so logs and operators can
+/// tell a failover from a broken script.
+pub(crate) fn classify(err: &RedisError) -> BackendError {
+    match err.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => {
+            BackendError::Unavailable(err.to_string())
+        }
+        ErrorKind::Server(_) | ErrorKind::Extension => server_error(err),
+        ErrorKind::AuthenticationFailed => BackendError::Failed("authentication failed".to_owned()),
+        _ => BackendError::Failed(format!("{}: {err}", err.category())),
+    }
+}
+
+fn server_error(err: &RedisError) -> BackendError {
+    let code = err.code().unwrap_or("ERR");
+    let transient = matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        )
+    ) || code == "BUSY";
+    let detail = err.detail().unwrap_or("");
+    let class = if transient { "transient" } else { "permanent" };
+    BackendError::Failed(format!("{code} ({class}): {detail}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BucketKey;
+    use crate::rules::Unit;
+
+    #[test]
+    fn every_script_has_its_own_hash_and_documents_its_contract() {
+        let set = ScriptSet::new();
+        let hashes: std::collections::HashSet<&str> =
+            ALGORITHMS.iter().map(|&a| set.get(a).get_hash()).collect();
+        assert_eq!(hashes.len(), 4);
+        for algorithm in ALGORITHMS {
+            let src = source(algorithm);
+            for word in ["KEYS[1]", "ARGV[8]", "Reply", "PEXPIRE", "TIME"] {
+                assert!(src.contains(word), "{algorithm}: header lacks {word}");
+            }
+        }
+        assert_eq!(ScriptSet::load_commands().count(), 4);
+    }
+
+    #[test]
+    fn charge_call_carries_policy_in_argv_order() {
+        let mut policy = Policy::fixed_window(5, Unit::Minute);
+        policy.algorithm = Algorithm::TokenBucket;
+        policy.burst = 7;
+        policy.on_over_limit = OnOverLimit::Consume;
+        policy.lockout = Some(std::time::Duration::from_secs(9));
+        let bucket = BucketKey::new("d", "r", [("k", "v")], &policy);
+        let call = Call::charge(
+            &Charge {
+                bucket,
+                policy,
+                cost: 3,
+            },
+            "fg",
+        );
+        assert_eq!(call.key, bucket.redis_key("fg"));
+        assert_eq!(
+            call.args,
+            ["charge", "3", "60000", "5", "7", "1", "9000", "0"].map(String::from)
+        );
+        let packed = call
+            .command(&ScriptSet::new(), Via::Sha)
+            .get_packed_command();
+        let text = String::from_utf8_lossy(&packed);
+        assert!(text.contains("EVALSHA"));
+        assert!(text.contains(ScriptSet::new().get(Algorithm::TokenBucket).get_hash()));
+    }
+
+    #[test]
+    fn replies_are_checked() {
+        let ints = |v: &[i64]| Value::Array(v.iter().map(|&i| Value::Int(i)).collect());
+        let ok = outcome(ints(&[1, 4, 500, 1_700_000_000_000, 1])).unwrap();
+        assert!(ok.allowed && ok.booked);
+        assert_eq!((ok.remaining, ok.reset_ms), (4, 500));
+        assert!(outcome(ints(&[2, 0, 0, 0, 0])).is_err());
+        assert!(outcome(ints(&[1, -1, 0, 0, 0])).is_err());
+        assert!(outcome(ints(&[1, 0, 0, 0])).is_err());
+        assert!(refunded(ints(&[1, 5])).is_ok());
+        assert!(refunded(Value::Nil).is_err());
+    }
+}

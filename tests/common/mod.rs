@@ -1,0 +1,5 @@
+//! Shared fixtures for the integration tests.
+
+#![allow(dead_code)]
+
+pub mod redis;

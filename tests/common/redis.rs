@@ -1,0 +1,319 @@
+//! Real `redis-server` processes for tests: one node or a 3-master, 3-replica cluster, each
+//! on free loopback ports in its own temporary directory, killed when dropped.
+//!
+//! Every wait here polls a readiness condition (PING, `cluster_state:ok`, a role) and gives
+//! up after a bound, so a broken environment fails the test instead of hanging it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// How long a server may take to answer PING after it was spawned.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new cluster may take to agree on `cluster_state:ok` everywhere.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(20);
+
+/// Polls `ready` until it holds or `limit` passes.
+pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Next candidate port. Cluster nodes also need `port + 10000` (the bus), so ports come
+/// from 20000..30000, spread by process id so parallel test binaries rarely collide; every
+/// candidate is checked by binding it (and its bus port) before use.
+fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20_000 + (std::process::id() % 500) as u16 * 20,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..10_000 {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 20_000 + (port - 20_000) % 10_000;
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free loopback port pair in 20000..40000");
+}
+
+/// Sends one inline command over RESP and returns the raw reply (enough for PING and INFO
+/// style checks without depending on the client under test).
+fn raw_command(port: u16, command: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = stream.read(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// One `redis-server` child process.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a standalone node on a free port and waits until it answers PING.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a node with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "server already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            if raw_command(self.port, "PING").is_some_and(|r| r.starts_with("+PONG")) {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "redis-server on port {} exited with {status}: {}",
+                    self.port,
+                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < START_TIMEOUT,
+                "redis-server on port {} did not answer PING",
+                self.port
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The node's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's temporary directory (for configs and certificates).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Kills the process (SIGKILL, like a crash) and reaps it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts the process again on the same port (empty: nothing is persisted).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Runs `redis-cli -p <port> <args>` and returns its stdout, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli must be installed");
+        assert!(out.status.success(), "redis-cli {args:?} failed");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// A field of `INFO <section>`, e.g. `role`.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let info = raw_command(self.port, &format!("INFO {section}"))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .map(|v| v.trim().to_owned())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis Cluster of 3 masters with one replica each.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts six cluster-enabled nodes, forms the cluster with `redis-cli --cluster create`
+    /// and waits until every node reports `cluster_state:ok` and every replica is in sync.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli must be installed");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok(CLUSTER_TIMEOUT);
+        wait_until("replicas in sync", CLUSTER_TIMEOUT, || {
+            cluster.nodes.iter().all(|n| {
+                n.info_field("replication", "role").as_deref() != Some("slave")
+                    || n.info_field("replication", "master_link_status").as_deref()
+                        == Some("up")
+            })
+        });
+        cluster
+    }
+
+    /// Waits until every running node reports `cluster_state:ok`.
+    pub fn wait_ok(&self, limit: Duration) {
+        wait_until("cluster_state:ok on every node", limit, || {
+            self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+                raw_command(n.port(), "CLUSTER INFO")
+                    .is_some_and(|info| info.contains("cluster_state:ok"))
+            })
+        });
+    }
+
+    /// Seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The running masters.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|n| {
+                n.is_running() && n.info_field("replication", "role").as_deref() == Some("master")
+            })
+            .collect()
+    }
+
+    /// All nodes, running or not.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Mutable access to a node, to stop or restart it.
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// Index of the node that masters `key`'s slot, read from `CLUSTER NODES` of a running
+    /// node (lines: `id ip:port@bus flags master-id ping pong epoch state slot-ranges...`).
+    pub fn master_index_for(&self, key: &str) -> usize {
+        let node = self.nodes.iter().find(|n| n.is_running()).expect("a running node");
+        let slot: u16 = node.cli(&["CLUSTER", "KEYSLOT", key]).parse().expect("slot");
+        let table = node.cli(&["CLUSTER", "NODES"]);
+        let owner = table
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|f| {
+                f.len() > 8
+                    && f[2].contains("master")
+                    && !f[2].contains("fail")
+                    && f[8..].iter().any(|range| {
+                        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                        match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                            (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                            _ => false,
+                        }
+                    })
+            })
+            .expect("a master owns every slot");
+        let port: u16 = owner[1]
+            .split(['@', ':'])
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .expect("node address");
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .expect("owner is one of ours")
+    }
+
+    /// Number of keys across all masters.
+    pub fn total_keys(&self) -> u64 {
+        self.masters()
+            .iter()
+            .map(|n| n.cli(&["DBSIZE"]).parse::<u64>().expect("dbsize"))
+            .sum()
+    }
+}

@@ -292,7 +292,11 @@ fn sliding_log_admits_exactly_and_waits_for_the_oldest() {
     assert_eq!(f.reset_ms, a.now_ms + 60_000 - f.now_ms);
     // Units older than W are not live: a seeded old unit does not count.
     let _: () = conn
-        .zadd(key, format!("{}:00001", f.now_ms - 60_000), f.now_ms - 60_000)
+        .zadd(
+            key,
+            format!("{}:00001", f.now_ms - 60_000),
+            f.now_ms - 60_000,
+        )
         .unwrap();
     let g = charge(&mut conn, sl, key, 0, p, false, 0);
     assert_eq!(g.remaining, 3);
@@ -318,7 +322,10 @@ fn lockout_denies_for_its_length_and_consume_books_denials() {
         // The key outlives the lock (and a sliding window's two windows).
         let ttl: i64 = conn.pttl(&key).unwrap();
         let lock_left = 90_000 - (again.now_ms - trip.now_ms);
-        assert!(ttl >= lock_left - 50 && ttl <= 120_000, "{algorithm}: ttl {ttl}");
+        assert!(
+            ttl >= lock_left - 50 && ttl <= 120_000,
+            "{algorithm}: ttl {ttl}"
+        );
     }
     for algorithm in [
         Algorithm::FixedWindow,
@@ -332,7 +339,11 @@ fn lockout_denies_for_its_length_and_consume_books_denials() {
         assert!(!over.allowed && over.booked, "{algorithm}: {over:?}");
         // A bigger-than-burst cost never fits: the token bucket books nothing then.
         let huge = charge(&mut conn, algorithm, &key, 3, p, true, 0);
-        assert_eq!(huge.booked, algorithm != Algorithm::TokenBucket, "{algorithm}");
+        assert_eq!(
+            huge.booked,
+            algorithm != Algorithm::TokenBucket,
+            "{algorithm}"
+        );
     }
 }
 
@@ -391,7 +402,11 @@ fn peeks_and_rejected_denials_write_nothing() {
         let deny = charge(&mut conn, algorithm, &key, 1, p, false, 0);
         let huge = charge(&mut conn, algorithm, &key, 3, p, false, 0);
         assert!(!peek.allowed && !deny.allowed && !huge.allowed);
-        assert_eq!(writes(&server), before, "{algorithm} wrote on a peek or denial");
+        assert_eq!(
+            writes(&server),
+            before,
+            "{algorithm} wrote on a peek or denial"
+        );
         // An empty bucket is not created by a peek either.
         let _ = charge(&mut conn, algorithm, "fg:{never}", 0, p, false, 0);
         let exists: bool = conn.exists("fg:{never}").unwrap();
@@ -458,14 +473,23 @@ fn scripts_use_no_float_replies_or_undeclared_keys() {
     for algorithm in ALL {
         let src = source(algorithm);
         // Every access goes through `key` (KEYS[1]); no second key, no clock-derived key.
-        assert_eq!(src.matches("KEYS[").count(), 2, "{algorithm}: header + one use");
-        assert!(!src.contains("tostring("), "{algorithm}: tostring rounds to 14 digits");
+        assert_eq!(
+            src.matches("KEYS[").count(),
+            2,
+            "{algorithm}: header + one use"
+        );
+        assert!(
+            !src.contains("tostring("),
+            "{algorithm}: tostring rounds to 14 digits"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_values_get_distinct_keys_spread_over_the_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap();
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
     let backend = ClusterBackend::connect(&cluster.urls(), RedisOptions::default())
         .await
         .unwrap();
@@ -497,7 +521,11 @@ async fn hostile_values_get_distinct_keys_spread_over_the_cluster() {
         .collect();
     let outcomes = backend.charge(&charges).await.unwrap();
     assert!(outcomes.iter().all(|o| o.allowed && o.remaining == 9));
-    assert_eq!(cluster.total_keys(), values.len() as u64, "one key per bucket");
+    assert_eq!(
+        cluster.total_keys(),
+        values.len() as u64,
+        "one key per bucket"
+    );
     for master in cluster.masters() {
         let keys: u64 = master.cli(&["DBSIZE"]).parse().unwrap();
         assert!(keys > 0, "master {} got no bucket", master.port());

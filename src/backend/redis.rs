@@ -133,6 +133,10 @@ struct Link {
 struct LinkManager {
     client: redis::Client,
     config: AsyncConnectionConfig,
+    /// Why the latest connect failed (cleared by a success): bb8 only reports a timeout to
+    /// a caller waiting for a connection, and "refused" or "authentication failed" is what
+    /// an operator needs to read.
+    last_error: Arc<parking_lot::Mutex<Option<RedisError>>>,
 }
 
 impl bb8::ManageConnection for LinkManager {
@@ -140,12 +144,13 @@ impl bb8::ManageConnection for LinkManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Link, RedisError> {
-        let conn = self
+        let result = self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+            .await;
+        *self.last_error.lock() = result.as_ref().err().cloned();
         Ok(Link {
-            conn,
+            conn: result?,
             broken: Arc::default(),
         })
     }
@@ -219,6 +224,7 @@ impl Borrowed {
 /// Rate limits in one Redis node (SPEC 4 `redis`).
 pub struct RedisBackend {
     pool: bb8::Pool<LinkManager>,
+    last_connect_error: Arc<parking_lot::Mutex<Option<RedisError>>>,
     scripts: ScriptSet,
     options: RedisOptions,
     secrets: Secrets,
@@ -249,6 +255,24 @@ impl RedisBackend {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.timeout))
             .set_response_timeout(None);
+        let manager = LinkManager {
+            client,
+            config,
+            last_error: Arc::default(),
+        };
+        let last_connect_error = manager.last_error.clone();
+        // One connection up front, so that a wrong password, a certificate problem or a
+        // refused port is reported as such instead of as a timeout.
+        let first = match timeout_at(
+            Instant::now() + options.timeout,
+            bb8::ManageConnection::connect(&manager),
+        )
+        .await
+        {
+            Ok(Ok(link)) => link,
+            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Err(_) => return Err(BackendError::Timeout),
+        };
         let pool = bb8::Pool::builder()
             .max_size(options.pool_size)
             // Every socket stays open: calls spread over all of them (FIFO checkout).
@@ -259,9 +283,12 @@ impl RedisBackend {
             .connection_timeout(options.timeout)
             .retry_connection(false)
             .error_sink(Box::new(ConnectErrorLog(secrets.clone())))
-            .build_unchecked(LinkManager { client, config });
+            .build_unchecked(manager);
+        // The pool may already have opened its own; then this one is simply closed.
+        let _ = pool.add(first);
         let backend = RedisBackend {
             pool,
+            last_connect_error,
             scripts: ScriptSet::new(),
             options,
             secrets,
@@ -292,18 +319,25 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// A connection for one call, or `Unavailable` if none is ready by `deadline`.
+    /// A connection for one call. If none is ready by `deadline`, the error says why the
+    /// latest connect failed when one did, else `Unavailable`.
     async fn borrow(&self, deadline: Instant) -> Result<Borrowed, BackendError> {
-        let unavailable =
-            || BackendError::Unavailable("no Redis connection available within the timeout".into());
-        match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(link)) => Ok(Borrowed {
-                conn: link.conn.clone(),
-                broken: link.broken.clone(),
-            }),
-            Ok(Err(bb8::RunError::User(e))) => Err(self.secrets.scrub(scripts::classify(&e))),
-            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(unavailable()),
-        }
+        let error = match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(link)) => {
+                return Ok(Borrowed {
+                    conn: link.conn.clone(),
+                    broken: link.broken.clone(),
+                });
+            }
+            Ok(Err(bb8::RunError::User(e))) => scripts::classify(&e),
+            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => match &*self.last_connect_error.lock() {
+                Some(e) => scripts::classify(e),
+                None => BackendError::Unavailable(
+                    "no Redis connection available within the timeout".into(),
+                ),
+            },
+        };
+        Err(self.secrets.scrub(error))
     }
 
     /// Runs `calls` as one pipeline and returns one reply per call, in order. Calls that hit

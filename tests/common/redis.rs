@@ -23,7 +23,10 @@ const POLL: Duration = Duration::from_millis(20);
 pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ready() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(POLL);
     }
 }
@@ -113,10 +116,16 @@ impl RedisServer {
         self.child = Some(child);
         let start = Instant::now();
         loop {
-            if raw_command(self.port, "PING").is_some_and(|r| r.starts_with("+PONG")) {
+            // A node with `requirepass` answers NOAUTH: it is up all the same.
+            let up = raw_command(self.port, "PING")
+                .is_some_and(|r| r.starts_with("+PONG") || r.starts_with("-NOAUTH"));
+            if up {
                 return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
             {
                 panic!(
                     "redis-server on port {} exited with {status}: {}",
@@ -234,8 +243,7 @@ impl RedisCluster {
         wait_until("replicas in sync", CLUSTER_TIMEOUT, || {
             cluster.nodes.iter().all(|n| {
                 n.info_field("replication", "role").as_deref() != Some("slave")
-                    || n.info_field("replication", "master_link_status").as_deref()
-                        == Some("up")
+                    || n.info_field("replication", "master_link_status").as_deref() == Some("up")
             })
         });
         cluster
@@ -279,8 +287,15 @@ impl RedisCluster {
     /// Index of the node that masters `key`'s slot, read from `CLUSTER NODES` of a running
     /// node (lines: `id ip:port@bus flags master-id ping pong epoch state slot-ranges...`).
     pub fn master_index_for(&self, key: &str) -> usize {
-        let node = self.nodes.iter().find(|n| n.is_running()).expect("a running node");
-        let slot: u16 = node.cli(&["CLUSTER", "KEYSLOT", key]).parse().expect("slot");
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
+        let slot: u16 = node
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .expect("slot");
         let table = node.cli(&["CLUSTER", "NODES"]);
         let owner = table
             .lines()

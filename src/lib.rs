@@ -12,4 +12,5 @@ pub mod backend;
 pub mod limiter;
 pub mod matcher;
 pub mod metrics;
+pub mod proto;
 pub mod rules;

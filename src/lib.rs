@@ -9,8 +9,10 @@
 //! - `metrics`: every exported metric, on one Prometheus registry.
 
 pub mod backend;
+pub mod headers;
 pub mod limiter;
 pub mod matcher;
 pub mod metrics;
 pub mod proto;
 pub mod rules;
+pub mod service;

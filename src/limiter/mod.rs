@@ -542,3 +542,6 @@ fn limited_of_opt(plan: &Plan) -> Option<&Limited> {
         Plan::Done(_) => None,
     }
 }
+
+#[cfg(test)]
+mod tests;

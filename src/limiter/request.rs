@@ -54,6 +54,23 @@ pub struct LimitOverride {
 pub struct InvalidRequest(pub String);
 
 impl Request {
+    /// Checks that a request has 1..=`MAX_DESCRIPTORS` descriptors.
+    ///
+    /// # Errors
+    /// A message saying which bound is broken.
+    pub fn check_descriptor_count(count: usize) -> Result<(), InvalidRequest> {
+        if count == 0 {
+            return Err(InvalidRequest("at least one descriptor is required".into()));
+        }
+        if count > bounds::MAX_DESCRIPTORS {
+            return Err(InvalidRequest(format!(
+                "{count} descriptors exceed the limit of {}",
+                bounds::MAX_DESCRIPTORS
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the request rules of SPEC 1.3: non-empty domain, 1..=64 descriptors, each
     /// with 1..=32 entries, non-empty keys, keys and values at most 4 KiB.
     ///
@@ -68,15 +85,7 @@ impl Request {
         if self.domain.len() > MAX_DOMAIN_BYTES {
             return fail(format!("domain is longer than {MAX_DOMAIN_BYTES} bytes"));
         }
-        if self.descriptors.is_empty() {
-            return fail("at least one descriptor is required".into());
-        }
-        if self.descriptors.len() > MAX_DESCRIPTORS {
-            return fail(format!(
-                "{} descriptors exceed the limit of {MAX_DESCRIPTORS}",
-                self.descriptors.len()
-            ));
-        }
+        Request::check_descriptor_count(self.descriptors.len())?;
         for (i, descriptor) in self.descriptors.iter().enumerate() {
             let entries = &descriptor.entries;
             if entries.is_empty() {

@@ -108,10 +108,22 @@ pub struct ServeArgs {
     )]
     pub redis_url: Vec<RedisUrl>,
     /// Connections per Redis pool.
-    #[arg(long, env = "FLOODGATE_REDIS_POOL_SIZE", value_name = "N", default_value_t = DEFAULT_REDIS_POOL_SIZE)]
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS_POOL_SIZE",
+        value_name = "N",
+        default_value_t = DEFAULT_REDIS_POOL_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     pub redis_pool_size: u32,
     /// Bound on one backend call, in milliseconds.
-    #[arg(long, env = "FLOODGATE_BACKEND_TIMEOUT_MS", value_name = "MS", default_value_t = DEFAULT_BACKEND_TIMEOUT_MS)]
+    #[arg(
+        long,
+        env = "FLOODGATE_BACKEND_TIMEOUT_MS",
+        value_name = "MS",
+        default_value_t = DEFAULT_BACKEND_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub backend_timeout_ms: u64,
     /// Answer when the backend fails: `error` (UNAVAILABLE), `allow` or `deny`.
     #[arg(long, env = "FLOODGATE_FAILURE_MODE", value_enum, default_value_t = FailureMode::Error)]
@@ -132,7 +144,13 @@ pub struct ServeArgs {
     #[arg(long, env = "FLOODGATE_KEY_PREFIX", value_name = "STR", default_value = DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
     /// Cap on live buckets in the memory backend.
-    #[arg(long, env = "FLOODGATE_MEMORY_MAX_BUCKETS", value_name = "N", default_value_t = DEFAULT_MEMORY_MAX_BUCKETS)]
+    #[arg(
+        long,
+        env = "FLOODGATE_MEMORY_MAX_BUCKETS",
+        value_name = "N",
+        default_value_t = DEFAULT_MEMORY_MAX_BUCKETS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
     pub memory_max_buckets: usize,
     /// Time in-flight calls get to finish after shutdown starts, in milliseconds.
     #[arg(long, env = "FLOODGATE_DRAIN_TIMEOUT_MS", value_name = "MS", default_value_t = DEFAULT_DRAIN_TIMEOUT_MS)]
@@ -359,6 +377,9 @@ mod tests {
             &["--backend", "etcd"][..],
             &["--redis-url", "http://x"],
             &["--grpc-addr", "nowhere"],
+            &["--redis-pool-size", "0"],
+            &["--backend-timeout-ms", "0"],
+            &["--memory-max-buckets", "0"],
             &["check-config"],
             &["--config", "x", "check-config", "y"],
         ] {

@@ -88,6 +88,25 @@ fn serve_is_the_default_and_says_it_is_not_wired_yet() {
 }
 
 #[test]
+fn serve_reads_the_environment_and_never_prints_the_redis_password() {
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("serve")
+        .env(
+            "FLOODGATE_REDIS_URL",
+            "redis://app:s3cret@a:6379,rediss://app:s3cret@b:6380",
+        )
+        .env("FLOODGATE_BACKEND", "redis-cluster")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("RedisCluster"), "{stderr}");
+    assert!(stderr.contains("redis://app:***@a:6379"), "{stderr}");
+    assert!(stderr.contains("rediss://app:***@b:6380"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
+#[test]
 fn usage_errors_exit_2() {
     let out = floodgate(&["check-config"]);
     assert_eq!(out.status.code(), Some(2));

@@ -235,3 +235,34 @@ fn errors_display_one_per_line() {
     };
     assert_eq!(no_line.to_string(), "f.yaml: domain: m");
 }
+
+#[test]
+fn duplicate_domains_are_found_even_when_a_file_is_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_unit = "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: parsec}\n";
+    fs::write(dir.path().join("a.yaml"), bad_unit).unwrap();
+    fs::write(dir.path().join("b.yaml"), "# b\ndomain: x\n").unwrap();
+    let errors = errors_of(dir.path());
+    let found = places(&errors);
+    assert_eq!(
+        found,
+        [
+            (
+                "a.yaml".into(),
+                Some(4),
+                "descriptors[0].rate_limit.unit".into()
+            ),
+            ("b.yaml".into(), Some(2), "domain".into()),
+        ]
+    );
+    assert!(errors[1].message.contains("a.yaml already defines it"));
+}
+
+#[test]
+fn a_file_that_is_not_utf8_names_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.yaml"), b"domain: x\n# caf\xe9\n").unwrap();
+    let errors = errors_of(dir.path());
+    assert_eq!(places(&errors), [("a.yaml".into(), Some(2), String::new())]);
+    assert_eq!(errors[0].message, "file is not valid UTF-8");
+}

@@ -4,7 +4,7 @@
 //! values it produces carry no positions. This module re-reads the same text with
 //! `saphyr-parser`, an event parser with marks, into a skeleton tree that keeps only mapping
 //! keys, sequence items and their lines. `validate` then attaches a line to every error by
-//! its document path, and [`unknown_keys`] reports every mistyped key at once.
+//! its document path, and [`key_problems`] reports every mistyped or repeated key at once.
 
 use std::fmt;
 
@@ -112,9 +112,10 @@ impl Located {
     }
 }
 
-/// A key that no raw struct accepts, with a suggestion when it looks like a typo.
+/// A key that no raw struct accepts (with a hint when it looks like a typo), or a key
+/// repeated within one mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownKey {
+pub struct KeyProblem {
     /// Path of the offending key.
     pub path: DocPath,
     /// Line of the key.
@@ -126,9 +127,9 @@ pub struct UnknownKey {
 /// Every key of the document that the raw model would reject, in document order.
 ///
 /// The field lists come from the serde derives ([`Shape::fields`]), so this sweep and
-/// `deny_unknown_fields` cannot disagree; serde stops at the first unknown key, the sweep
-/// reports them all.
-pub fn unknown_keys(located: &Located) -> Vec<UnknownKey> {
+/// `deny_unknown_fields` cannot disagree; serde stops at the first unknown or repeated key,
+/// the sweep reports them all, each on its own line.
+pub fn key_problems(located: &Located) -> Vec<KeyProblem> {
     let mut found = Vec::new();
     if let Some(root) = &located.root {
         sweep(root, Shape::Domain, &DocPath::default(), &mut found);
@@ -136,16 +137,24 @@ pub fn unknown_keys(located: &Located) -> Vec<UnknownKey> {
     found
 }
 
-fn sweep(node: &Node, shape: Shape, path: &DocPath, found: &mut Vec<UnknownKey>) {
+fn sweep(node: &Node, shape: Shape, path: &DocPath, found: &mut Vec<KeyProblem>) {
     let Kind::Map(entries) = &node.kind else {
         return;
     };
     let fields = shape.fields();
-    for (key, line, value) in entries {
+    for (index, (key, line, value)) in entries.iter().enumerate() {
         let key_path = path.key(key);
         if !fields.contains(&key.as_str()) {
-            found.push(UnknownKey {
+            found.push(KeyProblem {
                 message: unknown_key_message(key, fields),
+                path: key_path,
+                line: *line,
+            });
+            continue;
+        }
+        if let Some((_, first_line, _)) = entries[..index].iter().find(|(k, _, _)| k == key) {
+            found.push(KeyProblem {
+                message: format!("duplicate key `{key}` (first on line {first_line})"),
                 path: key_path,
                 line: *line,
             });
@@ -202,10 +211,17 @@ enum Open {
     },
 }
 
+/// Nesting beyond serde_yaml's own recursion limit is an error there anyway; stopping here
+/// keeps the sweep's recursion (and the tree's drop) shallow on hostile input.
+const MAX_DEPTH: usize = 128;
+
 fn build(yaml: &str) -> Result<Option<Node>, saphyr_parser::ScanError> {
     let mut stack: Vec<Open> = Vec::new();
     for event in Parser::new_from_str(yaml) {
         let (event, span) = event?;
+        if stack.len() > MAX_DEPTH {
+            return Ok(None);
+        }
         let line = span.start.line();
         let leaf = Node {
             line,
@@ -316,7 +332,7 @@ descriptors:
     #[test]
     fn sweep_finds_every_unknown_key_with_hints() {
         let yaml = "domain: x\ndescriptor: []\ndescriptors:\n  - key: a\n    rate_limit: {uint: second, zzz: 1}\n";
-        let found = unknown_keys(&Located::parse(yaml));
+        let found = key_problems(&Located::parse(yaml));
         let summary: Vec<_> = found.iter().map(|u| (u.path.to_string(), u.line)).collect();
         assert_eq!(
             summary,
@@ -330,16 +346,35 @@ descriptors:
         assert!(found[1].message.contains("did you mean `unit`?"));
         assert!(!found[2].message.contains("did you mean"));
         assert_eq!(
-            unknown_keys(&Located::parse(DOC))[0].path.to_string(),
+            key_problems(&Located::parse(DOC))[0].path.to_string(),
             "descriptors[1].descriptors[0].valeu"
         );
+    }
+
+    #[test]
+    fn sweep_finds_repeated_keys() {
+        let yaml = "domain: x\ndescriptors:\n  - key: a\n    value: b\n    key: c\n";
+        let found = key_problems(&Located::parse(yaml));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].path.to_string(), found[0].line),
+            ("descriptors[0].key".into(), 5)
+        );
+        assert_eq!(found[0].message, "duplicate key `key` (first on line 3)");
+    }
+
+    #[test]
+    fn deep_nesting_is_not_followed() {
+        let yaml = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let doc = Located::parse(&yaml);
+        assert_eq!(doc.line(&DocPath::default()), None);
     }
 
     #[test]
     fn metadata_contents_are_not_swept() {
         let yaml =
             "domain: x\ndescriptors:\n  - key: a\n    metadata: {anything: [1, {goes: here}]}\n";
-        assert!(unknown_keys(&Located::parse(yaml)).is_empty());
+        assert!(key_problems(&Located::parse(yaml)).is_empty());
     }
 
     #[test]

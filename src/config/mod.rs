@@ -5,13 +5,27 @@
 //!    `name.yaml -> ..data/name.yaml` links) loads each file once, through its link.
 //! 2. [`parse_domain`] parses one YAML text with serde_yaml into the raw model (`model`),
 //!    which denies unknown keys. `located` re-reads the text with an event parser to find
-//!    lines, and sweeps for every unknown key, since serde stops at the first one.
+//!    lines, and sweeps for every unknown or repeated key, since serde stops at the first.
 //! 3. `validate` turns the raw model into [`DomainRules`], collecting every error.
 //!
 //! serde_yaml (deprecated upstream) is used nowhere else, so replacing it touches only this
-//! module. The format is envoyproxy/ratelimit's, read as its YAML 1.1 parser reads it where
-//! that matters (scalars keep their text; `yes`/`no` booleans), with floodgate's extensions.
-//! Not supported: merge keys (`<<`), reported as an unknown key; multi-document files.
+//! module.
+//!
+//! Choices where the reference format or the SPEC leaves room (see also `validate`):
+//! - Scalars are read as the reference's YAML 1.1 parser reads them: `value: 1.10` is the
+//!   text `1.10`, and `yes`/`no`/`on`/`off` are booleans.
+//! - An empty `value` is no value (the key-only node), and an absent `requests_per_unit`
+//!   is 0, both as in the reference.
+//! - Duplicates compare the reference's composite key `key_value`, so `key: a_b` and
+//!   `key: a, value: b` at one level clash, as they do there (they would share a rule path).
+//! - Every unknown or repeated key is reported. Such a key, or a wrong type, stops serde,
+//!   so that file's rule checks wait until it is fixed; other files are checked in full.
+//! - A domain defined twice is kept from the first file in path order; each later file
+//!   gets the error, naming the first.
+//! - Extensions are matched case-insensitively (`.YAML` loads); a directory named
+//!   `x.yaml` is skipped; a dangling `x.yaml` link is an error, never a silent skip.
+//! - Not supported: merge keys (`<<`, reported as an unknown key) and files with more than
+//!   one YAML document.
 
 mod located;
 mod model;
@@ -109,8 +123,14 @@ pub fn load_dir(dir: &Path) -> Result<LoadedConfig, ConfigErrors> {
         let file = path.display().to_string();
         let text = match fs::read(path).map(String::from_utf8) {
             Ok(Ok(text)) => text,
-            Ok(Err(_)) => {
-                errors.push(whole_file(&file, "file is not valid UTF-8".to_owned()));
+            Ok(Err(err)) => {
+                let bytes = err.as_bytes();
+                let valid = err.utf8_error().valid_up_to();
+                let line = bytes[..valid].iter().filter(|&&b| b == b'\n').count() + 1;
+                errors.push(ConfigError {
+                    line: Some(line),
+                    ..whole_file(&file, "file is not valid UTF-8".to_owned())
+                });
                 continue;
             }
             Err(err) => {
@@ -118,28 +138,32 @@ pub fn load_dir(dir: &Path) -> Result<LoadedConfig, ConfigErrors> {
                 continue;
             }
         };
-        match parse(&file, &text) {
-            Ok((rules, domain_line)) => {
-                if let Some(first) = owners.get(&rules.domain) {
-                    errors.push(ConfigError {
-                        file,
-                        line: domain_line,
-                        path: "domain".to_owned(),
-                        message: format!(
-                            "duplicate domain `{}`: {} already defines it",
-                            rules.domain,
-                            first.display()
-                        ),
-                    });
-                } else {
-                    owners.insert(rules.domain.clone(), path.clone());
-                    domains.push(rules);
+        let parsed = parse(&file, &text);
+        // Checked for invalid files too, so that fixing them reveals nothing new.
+        if let Some((domain, line)) = &parsed.domain {
+            match owners.get(domain) {
+                Some(first) => errors.push(ConfigError {
+                    file: file.clone(),
+                    line: *line,
+                    path: "domain".to_owned(),
+                    message: format!(
+                        "duplicate domain `{domain}`: {} already defines it",
+                        first.display()
+                    ),
+                }),
+                None => {
+                    owners.insert(domain.clone(), path.clone());
                 }
             }
+        }
+        match parsed.rules {
+            Ok(rules) => domains.push(rules),
             Err(mut file_errors) => errors.append(&mut file_errors),
         }
     }
     if !errors.is_empty() {
+        // Stable: within a file, errors stay in document order.
+        errors.sort_by(|a, b| a.file.cmp(&b.file));
         return Err(ConfigErrors(errors));
     }
     domains.sort_by(|a, b| a.domain.cmp(&b.domain));
@@ -151,46 +175,67 @@ pub fn load_dir(dir: &Path) -> Result<LoadedConfig, ConfigErrors> {
 /// # Errors
 /// Every problem found in the text (see [`load_dir`]).
 pub fn parse_domain(file: &str, yaml: &str) -> Result<DomainRules, Vec<ConfigError>> {
-    parse(file, yaml).map(|(rules, _)| rules)
+    parse(file, yaml).rules
 }
 
-/// As [`parse_domain`], also returning the line of `domain` for cross-file errors.
-fn parse(file: &str, yaml: &str) -> Result<(DomainRules, Option<usize>), Vec<ConfigError>> {
+/// One file's outcome, with its domain name and line whenever serde could read them, so
+/// duplicate domains are found even among invalid files.
+struct Parsed {
+    domain: Option<(String, Option<usize>)>,
+    rules: Result<DomainRules, Vec<ConfigError>>,
+}
+
+fn parse(file: &str, yaml: &str) -> Parsed {
     let located = Located::parse(yaml);
-    let mut errors: Vec<ConfigError> = located::unknown_keys(&located)
+    let mut errors: Vec<ConfigError> = located::key_problems(&located)
         .into_iter()
-        .map(|unknown| ConfigError {
+        .map(|problem| ConfigError {
             file: file.to_owned(),
-            line: Some(unknown.line),
-            path: unknown.path.to_string(),
-            message: unknown.message,
+            line: Some(problem.line),
+            path: problem.path.to_string(),
+            message: problem.message,
         })
         .collect();
+    let mut domain = None;
     match serde_yaml::from_str::<Option<RawDomain>>(yaml) {
-        Ok(Some(raw)) => match validate::domain(file, raw, &located) {
-            Ok(rules) if errors.is_empty() => {
-                let line = located.line(&DocPath::default().key("domain"));
-                return Ok((rules, line));
+        Ok(Some(raw)) => {
+            domain = raw
+                .domain
+                .clone()
+                .filter(|name| !name.trim().is_empty())
+                .map(|name| (name, located.line(&DocPath::default().key("domain"))));
+            match validate::domain(file, raw, &located) {
+                Ok(rules) if errors.is_empty() => {
+                    return Parsed {
+                        domain,
+                        rules: Ok(rules),
+                    };
+                }
+                Ok(_) => {}
+                Err(mut invalid) => errors.append(&mut invalid),
             }
-            Ok(_) => {}
-            Err(mut invalid) => errors.append(&mut invalid),
-        },
+        }
         Ok(None) => errors.push(whole_file(
             file,
             "file is empty; expected a mapping with `domain`".to_owned(),
         )),
         Err(err) => {
             let err = from_serde(file, &err);
-            // The sweep already reported serde's unknown key, with a hint; keep any other.
-            let duplicate = err.message.starts_with("unknown field")
-                && errors.iter().any(|known| known.line == err.line);
-            if !duplicate {
+            // serde stopped at one of the keys the sweep already reported, all of them and
+            // with better lines; any other kind of error is new.
+            let key_error = ["unknown field", "duplicate field"]
+                .iter()
+                .any(|kind| err.message.starts_with(kind));
+            if !key_error || errors.is_empty() {
                 errors.push(err);
             }
         }
     }
     errors.sort_by_key(|error| error.line.unwrap_or(usize::MAX));
-    Err(errors)
+    Parsed {
+        domain,
+        rules: Err(errors),
+    }
 }
 
 fn whole_file(file: &str, message: String) -> ConfigError {

@@ -485,6 +485,27 @@ mod tests {
     }
 
     #[test]
+    fn repeated_keys_in_one_mapping() {
+        rejects(
+            "domain: d\ndescriptors:\n  - key: a\n    value: x\n    key: b\n",
+            5,
+            "descriptors[0].key",
+            "duplicate key `key` (first on line 3)",
+        );
+    }
+
+    #[test]
+    fn more_than_one_document() {
+        let errors = errors("domain: a\n---\ndomain: b\n");
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(
+            errors[0].message.contains("more than one document"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
     fn empty_file_is_rejected() {
         let errors = errors("# nothing here\n");
         assert_eq!(errors.len(), 1);
@@ -508,6 +529,12 @@ mod tests {
         rejects(yaml, 4, "descriptors[1]", "duplicate descriptor `k`");
         let nested = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n      - key: b\n";
         rejects(nested, 6, "descriptors[0].descriptors[1]", "`b`");
+    }
+
+    #[test]
+    fn composite_keys_clash_as_in_the_reference() {
+        let yaml = "domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n";
+        rejects(yaml, 4, "descriptors[1]", "duplicate descriptor `a_b`");
     }
 
     #[test]

@@ -77,8 +77,8 @@ pub struct Located {
 }
 
 impl Located {
-    /// Parses `yaml`; on a syntax error the result is empty (serde_yaml reports that error
-    /// with its own location, so nothing is lost).
+    /// Parses `yaml`. On a syntax error, or nesting deeper than serde_yaml accepts, the
+    /// result is empty: serde_yaml reports that error with its own location.
     pub fn parse(yaml: &str) -> Located {
         Located {
             root: build(yaml).ok().flatten(),

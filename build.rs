@@ -1,7 +1,9 @@
-//! Build script: compiles `proto/` with a pure-Rust protobuf compiler (no system `protoc`).
+//! Build script: compiles `proto/` with a pure-Rust protobuf compiler (no system `protoc`)
+//! and stamps the git revision into the binary for `--version`.
 
 use std::error::Error;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use prost::Message;
 
@@ -9,8 +11,9 @@ use prost::Message;
 const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
 
 fn main() -> Result<(), Box<dyn Error>> {
-    compile_protos()?;
-    Ok(())
+    println!("cargo:rerun-if-changed=build.rs");
+    stamp_git_sha();
+    compile_protos()
 }
 
 /// Generates prost messages, tonic client and server, and pbjson serde impls (proto3 JSON for
@@ -31,4 +34,42 @@ fn compile_protos() -> Result<(), Box<dyn Error>> {
         .register_descriptors(&descriptor_bytes)?
         .build(&[".envoy"])?;
     Ok(())
+}
+
+/// Sets `FLOODGATE_GIT_SHA` to the short commit hash, or `unknown` outside a git checkout
+/// (a source tarball, or no git installed), and reruns only when HEAD moves.
+fn stamp_git_sha() {
+    let sha = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=FLOODGATE_GIT_SHA={sha}");
+    // In a worktree `.git` is a file, so ask git where HEAD and the branch ref live. Only
+    // existing paths are emitted: cargo treats a missing one as always changed.
+    let git_dir = git(&["rev-parse", "--git-dir"]);
+    let common_dir = git(&["rev-parse", "--git-common-dir"]);
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    let mut watched = Vec::new();
+    if let Some(dir) = &git_dir {
+        watched.push(Path::new(dir).join("HEAD"));
+    }
+    if let Some(dir) = &common_dir {
+        watched.push(Path::new(dir).join("packed-refs"));
+        if let Some(branch) = &branch {
+            watched.push(Path::new(dir).join(branch));
+        }
+    }
+    for path in watched.iter().filter(|path| path.exists()) {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+}
+
+/// Runs git in the package directory; `None` if git is missing or fails.
+fn git(args: &[&str]) -> Option<String> {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")?;
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(&dir)
+        .output()
+        .ok()?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    let text = text.trim();
+    (output.status.success() && !text.is_empty()).then(|| text.to_owned())
 }

@@ -1,1 +1,3 @@
+//! Criterion benches; placeholder until the matcher and memory-backend benches land.
+
 fn main() {}

@@ -9,8 +9,16 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use crate::headers::HeaderMode as ResponseHeaders;
+pub use crate::limiter::FailureMode;
+pub use crate::telemetry::LogFormat;
+use crate::backend::BackendSettings;
+use crate::limiter::LimiterOptions;
+use crate::server::Settings;
 
 /// `--version` output: the crate version and the git revision it was built from
 /// (`unknown` when built outside a git checkout).
@@ -161,6 +169,45 @@ pub struct ServeArgs {
     pub health_grace_ms: u64,
 }
 
+impl ServeArgs {
+    /// The server settings these flags describe.
+    pub fn settings(&self) -> Settings {
+        let timeout = Duration::from_millis(self.backend_timeout_ms);
+        let key_prefix = self.key_prefix.clone();
+        let backend = match self.backend {
+            BackendKind::Memory => BackendSettings::Memory {
+                max_buckets: self.memory_max_buckets,
+            },
+            BackendKind::Redis => BackendSettings::Redis {
+                url: self.redis_url.first().map(|url| url.as_str().to_owned()).unwrap_or_default(),
+                pool_size: self.redis_pool_size,
+                key_prefix,
+                timeout,
+            },
+            BackendKind::RedisCluster => BackendSettings::Cluster {
+                urls: self.redis_url.iter().map(|url| url.as_str().to_owned()).collect(),
+                key_prefix,
+                timeout,
+            },
+        };
+        Settings {
+            config_dir: self.config.clone(),
+            grpc_addr: self.grpc_addr.to_string(),
+            http_addr: self.http_addr.to_string(),
+            backend,
+            limiter: LimiterOptions {
+                backend_timeout: timeout,
+                failure_mode: self.failure_mode,
+                shadow_mode: self.shadow_mode,
+                local_cache_entries: self.local_cache_entries,
+            },
+            header_mode: self.response_headers,
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            shutdown_grace: Duration::from_millis(self.health_grace_ms),
+        }
+    }
+}
+
 /// Where bucket state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -170,37 +217,6 @@ pub enum BackendKind {
     Redis,
     /// A Redis Cluster, reached through seed nodes.
     RedisCluster,
-}
-
-/// The answer when the backend fails (SPEC 1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FailureMode {
-    /// gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
-    Error,
-    /// OK with no limits.
-    Allow,
-    /// OVER_LIMIT.
-    Deny,
-}
-
-/// Rate-limit response headers (SPEC 4.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ResponseHeaders {
-    /// None.
-    Off,
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
-    Ietf,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
-    Legacy,
-}
-
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// A Redis URL whose password never reaches `Debug` or `Display`.

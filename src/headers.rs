@@ -4,12 +4,10 @@
 //! with one item per matched limit, plus `Retry-After` when denied); `legacy` emits the
 //! reference service's `RateLimit-Limit/Remaining/Reset` from the most restrictive status.
 
-use std::str::FromStr;
-
 use crate::limiter::{Code, Response, Status};
 
 /// Which headers to add to responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum HeaderMode {
     /// None; Envoy may derive `X-RateLimit-*` from the statuses itself.
     #[default]
@@ -20,18 +18,6 @@ pub enum HeaderMode {
     Legacy,
 }
 
-impl FromStr for HeaderMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "off" => Ok(HeaderMode::Off),
-            "ietf" => Ok(HeaderMode::Ietf),
-            "legacy" => Ok(HeaderMode::Legacy),
-            other => Err(format!("unknown header mode '{other}' (off, ietf, legacy)")),
-        }
-    }
-}
 
 /// The headers `mode` asks for, as (name, value) pairs in emission order.
 pub fn build(mode: HeaderMode, response: &Response) -> Vec<(&'static str, String)> {

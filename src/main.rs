@@ -1,13 +1,15 @@
 //! The `floodgate` binary: parses the command line, runs one command, maps it to an exit code.
 //!
-//! Exit codes: 0 success; 1 `check-config` found errors; 2 usage errors (clap) and commands
-//! not available in this build.
+//! Exit codes: 0 success (including a graceful shutdown); 1 `check-config` found errors, or
+//! the service could not start (invalid config, unreachable backend, port in use); 2 usage
+//! errors (clap).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use floodgate::cli::{Cli, Command, ServeArgs};
-use floodgate::config;
+use floodgate::cli::{self, Cli, Command, ServeArgs};
+use floodgate::server::Server;
+use floodgate::{config, shutdown, telemetry};
 
 fn main() -> ExitCode {
     match Cli::parse().into_command() {
@@ -34,11 +36,28 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
     }
 }
 
-/// The service is wired in by the service module; until then say so plainly.
+/// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails.
 fn serve(args: &ServeArgs) -> ExitCode {
-    eprintln!(
-        "floodgate: `serve` is not available yet: it is wired by the service module \
-         (parsed settings: {args:?}); use `floodgate check-config DIR` to validate rules"
-    );
-    ExitCode::from(2)
+    telemetry::init(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("floodgate: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = args.settings();
+    tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
+    let result = runtime.block_on(async {
+        let server = Server::bind(settings).await?;
+        server.serve(shutdown::signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "floodgate stopped");
+            eprintln!("floodgate: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }

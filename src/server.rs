@@ -28,6 +28,10 @@ use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::service::RlsService;
 
+/// How long backend pings may fail before readiness drops: long enough that one lost ping
+/// does not pull every replica out of rotation at once.
+const BACKEND_FAILURE_GRACE: Duration = Duration::from_secs(1);
+
 /// Everything `serve` needs, independent of how it was given (flags, env, tests).
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -45,8 +49,9 @@ pub struct Settings {
     pub header_mode: HeaderMode,
     /// How long in-flight calls may take to finish after shutdown starts.
     pub drain_timeout: Duration,
-    /// How long backend failures may last before readiness drops.
-    pub health_grace: Duration,
+    /// Pause between reporting NOT_SERVING and closing the listeners, so load balancers
+    /// stop sending first.
+    pub shutdown_grace: Duration,
 }
 
 /// Why the server could not start or run.
@@ -139,7 +144,7 @@ impl Server {
         let health = Health::new(reporter).await;
         let monitor = tokio::spawn(Arc::clone(&health).monitor(
             Arc::clone(&self.backend),
-            self.settings.health_grace,
+            BACKEND_FAILURE_GRACE,
             self.settings.limiter.backend_timeout,
         ));
         let reloader = tokio::spawn(reload::watch(
@@ -178,6 +183,9 @@ impl Server {
         };
         tracing::info!("shutting down: reporting NOT_SERVING and draining");
         health.shut_down().await;
+        if failed.is_none() {
+            tokio::time::sleep(self.settings.shutdown_grace).await;
+        }
         let _ = stop_tx.send(true);
         let drained = tokio::time::timeout(self.settings.drain_timeout, async {
             let _ = (&mut grpc).await;

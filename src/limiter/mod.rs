@@ -24,7 +24,7 @@ pub use local_cache::OverLimitCache;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 
 /// What to answer when the backend fails (SPEC 1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FailureMode {
     /// Return an error (gRPC `UNAVAILABLE`), so Envoy's `failure_mode_deny` decides.
     #[default]

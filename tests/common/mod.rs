@@ -39,7 +39,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         limiter: LimiterOptions::default(),
         header_mode: HeaderMode::Off,
         drain_timeout: Duration::from_secs(5),
-        health_grace: Duration::from_millis(500),
+        shutdown_grace: Duration::ZERO,
     }
 }
 
@@ -155,4 +155,89 @@ pub async fn http(method: &str, url: &str, body: &str) -> (u16, String) {
     let response = request.send().await.expect("admin request");
     let status = response.status().as_u16();
     (status, response.text().await.expect("admin body"))
+}
+
+/// A `floodgate serve` process started from the built binary, with its bound addresses read
+/// from its log, as an operator (or a black-box test) would.
+pub struct Binary {
+    pub child: std::process::Child,
+    pub grpc: std::net::SocketAddr,
+    pub http: std::net::SocketAddr,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Binary {
+    /// Starts `floodgate serve` with `args` on ephemeral loopback ports and waits (bounded)
+    /// for the line that announces the bound addresses.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Binary {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn floodgate");
+        let stdout = child.stdout.take().expect("stdout");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("grpc_addr=") {
+                    let _ = tx.send(line.clone());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no address line; log: {:?}", log.lock().unwrap()));
+        let addr = |name: &str| -> std::net::SocketAddr {
+            let start = line.find(name).expect("field") + name.len();
+            let rest = &line[start..];
+            let end = rest.find([' ', '"']).unwrap_or(rest.len());
+            rest[..end].parse().expect("socket address")
+        };
+        Binary {
+            grpc: addr("grpc_addr="),
+            http: addr("http_addr="),
+            child,
+            log,
+        }
+    }
+
+    /// Sends a signal (`TERM`, `INT`, `HUP`) to the process.
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("floodgate did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

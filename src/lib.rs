@@ -20,6 +20,7 @@
 //! - `shutdown`, `telemetry`: signals and logging.
 
 pub mod admin;
+pub mod algorithm;
 pub mod backend;
 pub mod cli;
 pub mod config;

@@ -5,7 +5,7 @@
 //! A backend never sees protocol types; the limiter hands it resolved charges.
 
 pub mod keys;
-// pub mod memory;
+pub mod memory;
 
 use async_trait::async_trait;
 

@@ -1,11 +1,38 @@
 //! floodgate: a global rate-limit service for Envoy and Istio.
 //!
-//! Module map (dependencies point down; nothing below `limiter` knows about gRPC):
+//! Module map (dependencies point down; nothing below `service` knows about gRPC):
 //!
-//! - `rules`: validated rule types (units, algorithms, policies).
+//! - `cli`: the command line (`serve`, `check-config`) and every serve setting with its default.
+//! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
+//! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
+//! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
+//! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
+//! - `reload`: config directory watch and SIGHUP reload.
+//! - `headers`: `RateLimit-*` response headers.
+//! - `limiter`: evaluates one request: matcher + backend -> statuses and overall code.
+//! - `config`: loads and validates the YAML domain files into `rules` and `matcher` input.
 //! - `matcher`: the compiled descriptor tree; (domain, entries) -> rule. Pure.
-//! - `backend`: where bucket state lives (`memory`, Redis, Redis Cluster) and the bucket keys.
+//! - `algorithm`: the pure rate-limit algorithms every backend follows.
+//! - `backend`: where bucket state lives (memory, Redis, Redis Cluster) and the bucket keys.
+//! - `rules`: validated rule types (units, algorithms, policies).
+//! - `metrics`: every exported metric, on one Prometheus registry.
+//! - `proto`: generated Envoy RLS v3 protobuf code.
+//! - `shutdown`, `telemetry`: signals and logging.
 
+pub mod admin;
+pub mod algorithm;
 pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod headers;
+pub mod health;
+pub mod limiter;
 pub mod matcher;
+pub mod metrics;
+pub mod proto;
+pub mod reload;
 pub mod rules;
+pub mod server;
+pub mod service;
+pub mod shutdown;
+pub mod telemetry;

@@ -1,3 +1,66 @@
-//! The `floodgate` binary: parses the command line and hands over to the library.
+//! The `floodgate` binary: parses the command line, runs one command, maps it to an exit code.
+//!
+//! Exit codes: 0 success (including a graceful shutdown); 1 `check-config` found errors, or
+//! the service could not start (invalid config, unreachable backend, port in use); 2 usage
+//! errors (clap).
 
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use floodgate::cli::{self, Cli, Command, ServeArgs};
+use floodgate::server::Server;
+use floodgate::{config, shutdown, telemetry};
+
+fn main() -> ExitCode {
+    match Cli::parse().into_command() {
+        Command::Serve(args) => serve(&args),
+        Command::CheckConfig { dir } => check_config(&dir),
+    }
+}
+
+/// Prints every error of `dir` to stderr, one per line, or a summary to stdout.
+fn check_config(dir: &std::path::Path) -> ExitCode {
+    match config::load_dir(dir) {
+        Ok(loaded) => {
+            println!(
+                "OK: {} domains, {} rules",
+                loaded.domains.len(),
+                loaded.rule_count()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails.
+fn serve(args: &ServeArgs) -> ExitCode {
+    telemetry::init(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("floodgate: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = args.settings();
+    tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
+    let result = runtime.block_on(async {
+        let server = Server::bind(settings).await?;
+        server.serve(shutdown::signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "floodgate stopped");
+            eprintln!("floodgate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -313,10 +313,13 @@ mod tests {
             .map(|matched| matched.rule.path.clone())
     }
 
+    /// Request entries and the rule path they should match.
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+
     #[test]
     fn reference_matching_table() {
         let m = matcher();
-        let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+        let cases: &[Case] = &[
             (&[("key2", "value2")], Some("key2_value2")),
             (&[("key2", "other")], Some("key2")),
             (&[("key2", "")], Some("key2")),

@@ -45,14 +45,17 @@ pub struct Verdict {
     pub remaining: u64,
     /// `R` in ms, as SPEC 3 defines it for the algorithm and outcome.
     pub reset_ms: u64,
-    /// Whether the state changed.
+    /// Whether the cost was booked into the counter, so that a refund of it makes sense.
+    /// Starting a lockout is not a booking: refunding a denial would take back units that
+    /// other requests booked.
     pub booked: bool,
 }
 
 /// The behaviour every algorithm's state implements.
 pub trait Counter: Default + Clone {
     /// Charges `cost >= 1` at `now_ms`. Books the cost when it fits, and also when it does
-    /// not if `book_on_deny` (the `consume` mode).
+    /// not if `book_on_deny` (the `consume` mode; the sliding log, for which validation
+    /// rejects `consume`, ignores it).
     fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict;
 
     /// Answers whether a cost-1 request would fit now, changing nothing. `remaining` is what
@@ -133,15 +136,16 @@ impl Bucket {
         }
         if lock_left > 0 {
             let booked = consume
-                && with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, true)).booked;
+                && with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, true))
+                    .booked;
             return denied(lock_left, booked);
         }
-        let mut verdict = with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, consume));
+        let mut verdict =
+            with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, consume));
         let lockout_ms = policy.lockout_ms() as i64;
         if !verdict.allowed && lockout_ms > 0 {
-            self.locked_until_ms = now_ms + lockout_ms;
+            self.locked_until_ms = now_ms.saturating_add(lockout_ms);
             verdict.reset_ms = lockout_ms as u64;
-            verdict.booked = true;
         }
         verdict
     }
@@ -173,4 +177,169 @@ fn denied(reset_ms: i64, booked: bool) -> Verdict {
 pub fn div_ceil(a: i128, b: i128) -> i128 {
     debug_assert!(a >= 0 && b > 0);
     (a + b - 1) / b
+}
+
+/// Counts booked without a fit (`consume`) stop growing here: 2^53, the largest integer
+/// the Lua scripts hold exactly. Any limit is far below it, so decisions are unaffected.
+pub const MAX_COUNT: u64 = crate::rules::MAX_EXACT_INTEGER;
+
+impl Params {
+    /// `W` widened for arithmetic, at least 1 ms so that no policy can divide by zero.
+    fn window(&self) -> i128 {
+        i128::from(self.window_ms.max(1))
+    }
+}
+
+/// An R computed in wide arithmetic, clamped to `0..=u64::MAX` (never negative).
+fn reset(ms: i128) -> u64 {
+    ms.clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// An instant computed in wide arithmetic, clamped to the `i64` range.
+fn instant(ms: i128) -> i64 {
+    ms.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Unit;
+    use std::time::Duration;
+
+    /// The start of some minute.
+    const NOW: i64 = 1_700_000_040_000;
+    const LOCK: i64 = 900_000;
+
+    fn locking(limit: u32) -> Policy {
+        let mut policy = Policy::fixed_window(limit, Unit::Minute);
+        policy.lockout = Some(Duration::from_millis(LOCK as u64));
+        policy
+    }
+
+    #[test]
+    fn lockout_starts_at_the_first_denial_and_is_not_extended() {
+        let policy = locking(2);
+        let mut bucket = Bucket::new(Algorithm::FixedWindow);
+        assert!(bucket.decide(&policy, NOW, 2).allowed);
+
+        let v = bucket.decide(&policy, NOW + 10, 1);
+        assert!(!v.allowed);
+        assert_eq!(v.reset_ms, LOCK as u64);
+        assert!(
+            !v.booked,
+            "starting a lock books nothing a refund could take back"
+        );
+        assert_eq!(bucket.locked_until_ms, NOW + 10 + LOCK);
+
+        // Denials during the lock report the lock left and do not move it, even in a later
+        // window that has room.
+        let v = bucket.decide(&policy, NOW + 1_010, 1);
+        assert_eq!((v.allowed, v.reset_ms), (false, (LOCK - 1_000) as u64));
+        let v = bucket.decide(&policy, NOW + 10 + LOCK - 1, 1);
+        assert_eq!((v.allowed, v.reset_ms), (false, 1));
+        assert_eq!(bucket.locked_until_ms, NOW + 10 + LOCK);
+        assert_eq!(bucket.expires_at_ms(&policy), NOW + 10 + LOCK);
+
+        let v = bucket.decide(&policy, NOW + 10 + LOCK, 1);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 1);
+    }
+
+    #[test]
+    fn peek_never_changes_state_nor_starts_a_lock() {
+        let policy = locking(1);
+        let mut bucket = Bucket::new(Algorithm::FixedWindow);
+        let v = bucket.decide(&policy, NOW, 0);
+        assert_eq!((v.allowed, v.remaining, v.booked), (true, 1, false));
+        bucket.decide(&policy, NOW, 1);
+        let before = bucket.clone();
+        let v = bucket.decide(&policy, NOW, 0);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (false, 0, 60_000));
+        assert_eq!(bucket, before);
+
+        bucket.decide(&policy, NOW, 1);
+        let v = bucket.decide(&policy, NOW + 5, 0);
+        assert_eq!((v.allowed, v.reset_ms), (false, (LOCK - 5) as u64));
+        assert_eq!(bucket.locked_until_ms, NOW + LOCK);
+    }
+
+    #[test]
+    fn consume_books_denials_also_during_a_lock() {
+        let mut policy = locking(2);
+        policy.on_over_limit = OnOverLimit::Consume;
+        let mut bucket = Bucket::new(Algorithm::FixedWindow);
+        bucket.decide(&policy, NOW, 2);
+        let v = bucket.decide(&policy, NOW, 1);
+        assert_eq!(
+            (v.allowed, v.booked, v.reset_ms),
+            (false, true, LOCK as u64)
+        );
+        let v = bucket.decide(&policy, NOW + 1, 4);
+        assert_eq!((v.allowed, v.booked), (false, true));
+        let CounterState::FixedWindow(counter) = &bucket.counter else {
+            panic!("fixed window expected");
+        };
+        assert_eq!(counter.count, 7);
+    }
+
+    #[test]
+    fn lock_across_a_clock_going_backwards_stays_positive() {
+        let mut policy = locking(1);
+        policy.algorithm = Algorithm::TokenBucket;
+        let mut bucket = Bucket::new(Algorithm::TokenBucket);
+        bucket.decide(&policy, NOW, 1);
+        bucket.decide(&policy, NOW, 1);
+        let v = bucket.decide(&policy, NOW - 1_000, 1);
+        assert_eq!((v.allowed, v.reset_ms), (false, (LOCK + 1_000) as u64));
+        // A lock near the end of time saturates instead of overflowing.
+        let mut late = Bucket::new(Algorithm::TokenBucket);
+        late.decide(&policy, i64::MAX - 10, 1);
+        late.decide(&policy, i64::MAX - 10, 1);
+        assert_eq!(late.locked_until_ms, i64::MAX);
+    }
+
+    #[test]
+    fn refund_dispatches_to_the_counter() {
+        let policy = Policy::fixed_window(3, Unit::Minute);
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ] {
+            let mut bucket = Bucket::new(algorithm);
+            let empty = bucket.decide(&policy, NOW + 7, 0);
+            assert!(bucket.decide(&policy, NOW + 7, 3).booked);
+            assert!(!bucket.decide(&policy, NOW + 7, 1).allowed, "{algorithm}");
+            bucket.refund(&policy, NOW + 7, 3, NOW + 7);
+            assert_eq!(bucket.decide(&policy, NOW + 7, 0), empty, "{algorithm}");
+        }
+        let mut token = policy;
+        token.algorithm = Algorithm::TokenBucket;
+        let mut bucket = Bucket::new(Algorithm::TokenBucket);
+        bucket.decide(&token, NOW, 3);
+        bucket.refund(&token, NOW, 3, NOW);
+        assert_eq!(bucket.decide(&token, NOW, 0).remaining, 3);
+    }
+
+    #[test]
+    fn new_buckets_match_their_algorithm_and_expire_at_once() {
+        let policy = Policy::fixed_window(3, Unit::Second);
+        for (algorithm, name) in [
+            (Algorithm::FixedWindow, "FixedWindow"),
+            (Algorithm::TokenBucket, "TokenBucket"),
+            (Algorithm::SlidingWindow, "SlidingWindow"),
+            (Algorithm::SlidingLog, "SlidingLog"),
+        ] {
+            let bucket = Bucket::new(algorithm);
+            assert!(format!("{:?}", bucket.counter).starts_with(name));
+            assert_eq!(bucket.expires_at_ms(&policy), 0);
+        }
+    }
+
+    #[test]
+    fn div_ceil_rounds_up() {
+        assert_eq!(div_ceil(0, 7), 0);
+        assert_eq!(div_ceil(7, 7), 1);
+        assert_eq!(div_ceil(8, 7), 2);
+    }
 }

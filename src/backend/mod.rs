@@ -6,9 +6,11 @@
 
 pub mod cluster;
 pub mod keys;
-// pub mod memory;
+pub mod memory;
 pub mod redis;
 pub mod scripts;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -109,4 +111,106 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
     fn name(&self) -> &'static str;
+}
+
+/// Which backend to run, and how to reach it.
+#[derive(Clone)]
+pub enum BackendSettings {
+    /// In-process buckets; one replica only.
+    Memory {
+        /// Cap on live buckets.
+        max_buckets: usize,
+    },
+    /// One Redis node through a connection pool.
+    Redis {
+        /// `redis://` or `rediss://` URL, possibly with credentials and a database.
+        url: String,
+        /// Pool size.
+        pool_size: u32,
+        /// Key prefix.
+        key_prefix: String,
+        /// Bound on each call.
+        timeout: std::time::Duration,
+    },
+    /// A Redis Cluster reached through seed nodes.
+    Cluster {
+        /// Seed node URLs.
+        urls: Vec<String>,
+        /// Key prefix.
+        key_prefix: String,
+        /// Bound on each call.
+        timeout: std::time::Duration,
+    },
+}
+
+impl std::fmt::Debug for BackendSettings {
+    /// Never prints URLs: they may carry passwords.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendSettings::Memory { max_buckets } => f
+                .debug_struct("Memory")
+                .field("max_buckets", max_buckets)
+                .finish(),
+            BackendSettings::Redis {
+                pool_size,
+                key_prefix,
+                timeout,
+                ..
+            } => f
+                .debug_struct("Redis")
+                .field("url", &"<redacted>")
+                .field("pool_size", pool_size)
+                .field("key_prefix", key_prefix)
+                .field("timeout", timeout)
+                .finish(),
+            BackendSettings::Cluster {
+                urls,
+                key_prefix,
+                timeout,
+            } => f
+                .debug_struct("Cluster")
+                .field("urls", &format!("<{} redacted>", urls.len()))
+                .field("key_prefix", key_prefix)
+                .field("timeout", timeout)
+                .finish(),
+        }
+    }
+}
+
+/// Builds the configured backend. The Redis backends connect, check the login and load the
+/// scripts before returning, so a misconfiguration stops startup with a readable error.
+///
+/// # Errors
+/// The backend's setup failed (see `RedisBackend::connect`, `ClusterBackend::connect`).
+pub async fn connect(settings: &BackendSettings) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(match settings {
+        BackendSettings::Memory { max_buckets } => {
+            Arc::new(memory::MemoryBackend::new(*max_buckets))
+        }
+        BackendSettings::Redis {
+            url,
+            pool_size,
+            key_prefix,
+            timeout,
+        } => {
+            let options = RedisOptions {
+                pool_size: *pool_size,
+                timeout: *timeout,
+                key_prefix: key_prefix.clone(),
+            };
+            Arc::new(RedisBackend::connect(url, options).await?)
+        }
+        BackendSettings::Cluster {
+            urls,
+            key_prefix,
+            timeout,
+        } => {
+            let options = RedisOptions {
+                timeout: *timeout,
+                key_prefix: key_prefix.clone(),
+                ..RedisOptions::default()
+            };
+            Arc::new(ClusterBackend::connect(urls, options).await?)
+        }
+    })
 }

@@ -1,5 +1,254 @@
-//! Shared fixtures for the integration tests.
-
+//! Shared fixtures: a floodgate server on 127.0.0.1 port 0 over a temporary config directory,
+//! and an Envoy-side client built from the independent `envoy-types` protos; real
+//! `redis-server` nodes and clusters in `redis`.
 #![allow(dead_code)]
 
 pub mod redis;
+
+use std::path::Path;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use floodgate::backend::BackendSettings;
+use floodgate::headers::HeaderMode;
+use floodgate::limiter::LimiterOptions;
+use floodgate::server::{Server, Settings};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// A running in-process server and what it needs to be reached and stopped.
+pub struct TestServer {
+    pub grpc: std::net::SocketAddr,
+    pub http: std::net::SocketAddr,
+    pub config_dir: TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), floodgate::server::ServerError>>>,
+}
+
+/// Settings for a memory-backed server on ephemeral loopback ports.
+pub fn settings(config_dir: &Path) -> Settings {
+    Settings {
+        config_dir: config_dir.to_path_buf(),
+        grpc_addr: "127.0.0.1:0".into(),
+        http_addr: "127.0.0.1:0".into(),
+        backend: BackendSettings::Memory {
+            max_buckets: 100_000,
+        },
+        limiter: LimiterOptions::default(),
+        header_mode: HeaderMode::Off,
+        drain_timeout: Duration::from_secs(5),
+        shutdown_grace: Duration::ZERO,
+    }
+}
+
+/// Writes `files` (name, YAML) into a fresh directory.
+pub fn config_dir(files: &[(&str, &str)]) -> TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, yaml) in files {
+        std::fs::write(dir.path().join(name), yaml).expect("write config");
+    }
+    dir
+}
+
+impl TestServer {
+    /// Starts a memory-backed server over `files`, with `adjust` applied to its settings.
+    pub async fn start_with(
+        files: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Settings),
+    ) -> TestServer {
+        let config_dir = config_dir(files);
+        let mut settings = settings(config_dir.path());
+        adjust(&mut settings);
+        let server = Server::bind(settings).await.expect("server binds");
+        let (grpc, http) = (server.grpc_addr(), server.http_addr());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.serve(async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            grpc,
+            http,
+            config_dir,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Starts a memory-backed server over `files` with default settings.
+    pub async fn start(files: &[(&str, &str)]) -> TestServer {
+        TestServer::start_with(files, |_| {}).await
+    }
+
+    /// An Envoy-side RLS client.
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("client connects")
+    }
+
+    /// A gRPC channel (for the health client).
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("channel connects")
+    }
+
+    /// The admin base URL.
+    pub fn http_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    /// Stops the server and waits for it to finish draining.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await
+                .expect("server task")
+                .expect("server exits cleanly");
+        }
+    }
+}
+
+/// A descriptor from (key, value) pairs.
+pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(key, value)| Entry {
+                key: key.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A request for `domain` with `descriptors`.
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// Sends one request and returns the response, panicking on a gRPC error.
+pub async fn should_rate_limit(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("ShouldRateLimit succeeds")
+        .into_inner()
+}
+
+/// Sends an admin HTTP request and returns (status, body).
+pub async fn http(method: &str, url: &str, body: &str) -> (u16, String) {
+    let client = reqwest::Client::new();
+    let request = match method {
+        "POST" => client.post(url).body(body.to_owned()),
+        _ => client.get(url),
+    };
+    let response = request.send().await.expect("admin request");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("admin body"))
+}
+
+/// A `floodgate serve` process started from the built binary, with its bound addresses read
+/// from its log, as an operator (or a black-box test) would.
+pub struct Binary {
+    pub child: std::process::Child,
+    pub grpc: std::net::SocketAddr,
+    pub http: std::net::SocketAddr,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Binary {
+    /// Starts `floodgate serve` with `args` on ephemeral loopback ports and waits (bounded)
+    /// for the line that announces the bound addresses.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Binary {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn floodgate");
+        let stdout = child.stdout.take().expect("stdout");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line.contains("grpc_addr=") {
+                    let _ = tx.send(line.clone());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no address line; log: {:?}", log.lock().unwrap()));
+        let addr = |name: &str| -> std::net::SocketAddr {
+            let start = line.find(name).expect("field") + name.len();
+            let rest = &line[start..];
+            let end = rest.find([' ', '"']).unwrap_or(rest.len());
+            rest[..end].parse().expect("socket address")
+        };
+        Binary {
+            grpc: addr("grpc_addr="),
+            http: addr("http_addr="),
+            child,
+            log,
+        }
+    }
+
+    /// Sends a signal (`TERM`, `INT`, `HUP`) to the process.
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("floodgate did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,144 @@
+//! Admin HTTP server (axum), on its own port.
+//!
+//! Endpoints:
+//! - `GET /healthcheck`: 200 `OK` when ready (same latch as gRPC health), else 503.
+//! - `GET /livez`: 200 while the process answers at all.
+//! - `POST /json`: proto3 JSON `RateLimitRequest` in, proto3 JSON response out; 200 OK,
+//!   429 OVER_LIMIT, 400 bad input (with a message), 503 backend failure.
+//! - `GET /metrics`: Prometheus (OpenMetrics text) exposition.
+//! - `GET /rlconfig`: the loaded rules, one line per rule.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::health::Health;
+use crate::limiter::Limiter;
+use crate::proto::rls::RateLimitRequest;
+use crate::proto::rls::rate_limit_response::Code as ProtoCode;
+use crate::rules::Limit;
+use crate::service::{DecideError, RlsService};
+
+/// Largest accepted `/json` body; requests are bounded far below this anyway.
+const MAX_JSON_BODY_BYTES: usize = 1 << 20;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    /// Decides `/json` requests exactly as gRPC does.
+    pub service: RlsService,
+    /// Rules and metrics.
+    pub limiter: Arc<Limiter>,
+    /// Readiness.
+    pub health: Arc<Health>,
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/livez", get(|| async { "OK" }))
+        .route("/json", post(json))
+        .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn healthcheck(State(state): State<AdminState>) -> Response {
+    if state.health.is_ready() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "NOT READY").into_response()
+    }
+}
+
+async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
+    let request: RateLimitRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(error) => {
+            state.limiter.metrics().invalid_requests.inc();
+            return bad_request(format!("invalid RateLimitRequest JSON: {error}"));
+        }
+    };
+    match state.service.decide(&request, None).await {
+        Ok(response) => {
+            let status = if response.overall_code == ProtoCode::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            match serde_json::to_string(&response) {
+                Ok(text) => {
+                    (status, [(header::CONTENT_TYPE, "application/json")], text).into_response()
+                }
+                Err(error) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+                }
+            }
+        }
+        Err(DecideError::Invalid(invalid)) => bad_request(invalid.0),
+        Err(DecideError::Unavailable(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rate limit backend unavailable\n",
+        )
+            .into_response(),
+    }
+}
+
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.limiter.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn rlconfig(State(state): State<AdminState>) -> String {
+    let rules = state.limiter.rules();
+    let mut out = String::new();
+    for rule in rules.rules() {
+        let _ = write!(out, "{}.{}: ", rule.domain, rule.path);
+        match &rule.limit {
+            Limit::Unlimited => out.push_str("unlimited"),
+            Limit::Limited(policy) => {
+                let _ = write!(
+                    out,
+                    "unit={} requests_per_unit={} unit_multiplier={} algorithm={}",
+                    policy.unit.as_str().to_ascii_uppercase(),
+                    policy.requests_per_unit,
+                    policy.unit_multiplier,
+                    policy.algorithm,
+                );
+                if policy.algorithm == crate::rules::Algorithm::TokenBucket {
+                    let _ = write!(out, " burst={}", policy.burst);
+                }
+                if let Some(lockout) = policy.lockout {
+                    let _ = write!(out, " lockout_seconds={}", lockout.as_secs());
+                }
+            }
+        }
+        if let Some(name) = &rule.name {
+            let _ = write!(out, ", name={name}");
+        }
+        let _ = writeln!(
+            out,
+            ", shadow_mode={}, quota_mode={}",
+            rule.shadow_mode, rule.quota_mode
+        );
+    }
+    out
+}

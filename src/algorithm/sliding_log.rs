@@ -1,0 +1,329 @@
+//! Sliding log: the exact algorithm. Every admitted booking is logged with its timestamp,
+//! so no span of `W` ms ever admits more than `L`. Memory grows with the bookings in the
+//! last `W`, which is why validation limits it to `L <= 10000`.
+//!
+//! State: the bookings `(ts, count)` in ascending `ts`, one element per instant (bookings
+//! at the same ms merge). In Lua: a sorted set scored by `ts`, or any structure with the
+//! same content. A missing key is the empty log. An entry is live at `now` iff
+//! `ts > now - W`; `count` below is the sum over live entries.
+//!
+//! - check `n`: drop the entries that are no longer live, then allow iff `count + n <= L`.
+//!   OK: add `(now, n)` (merged into an entry with the same `ts`; inserted in order when the
+//!   clock went backwards, so the log stays sorted and a refund still finds it), remaining
+//!   `L - count - n`, R = `newest_ts + W - now` (`W` right after a booking).
+//!   OVER: remaining 0, nothing written, R = the wait until enough units leave: with
+//!   `k = count + n - L`, walk from the oldest live entry summing counts until the sum
+//!   reaches `k`; R = that entry's `ts + W - now`. When `n > L` (never fits),
+//!   R = `newest_ts + W - now`, or 0 for an empty log.
+//! - `consume` is rejected for this algorithm by config validation (a log of denied bookings
+//!   would only grow), so a denial never writes here even when asked to.
+//! - peek: allowed iff `count + 1 <= L`; remaining `max(0, L - count)`; R = `newest_ts + W -
+//!   now` when allowed (0 for an empty log), else as a denied `n = 1`. No write.
+//! - refund `(cost, booked_at)`: remove up to `cost` units from the entry with
+//!   `ts == booked_at`, dropping it at 0.
+//! - expires at `newest_ts + W`, or at once (0) when the log is empty.
+
+use std::collections::VecDeque;
+
+use super::{Counter, Params, Verdict, instant, reset};
+
+/// Bookings of the last window, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingLog {
+    /// `(ts, count)`, strictly ascending in `ts`.
+    entries: VecDeque<(i64, u64)>,
+    /// Sum of every count in `entries`, live or not yet dropped: saves a walk per decision.
+    total: u64,
+}
+
+/// The live part of a log at one instant.
+struct Live {
+    /// Index of the oldest live entry.
+    first: usize,
+    /// Sum of the live counts.
+    count: u64,
+}
+
+impl SlidingLog {
+    /// The logged bookings, oldest first (expired ones may linger until the next write).
+    pub fn entries(&self) -> impl Iterator<Item = (i64, u64)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    fn live(&self, params: &Params, now_ms: i64) -> Live {
+        let horizon = i128::from(now_ms) - params.window();
+        let first = self
+            .entries
+            .partition_point(|&(ts, _)| i128::from(ts) <= horizon);
+        let expired: u64 = self.entries.range(..first).map(|&(_, n)| n).sum();
+        Live {
+            first,
+            count: self.total - expired,
+        }
+    }
+
+    fn drop_expired(&mut self, params: &Params, now_ms: i64) {
+        let horizon = i128::from(now_ms) - params.window();
+        while let Some(&(ts, n)) = self.entries.front() {
+            if i128::from(ts) > horizon {
+                break;
+            }
+            self.entries.pop_front();
+            self.total -= n;
+        }
+    }
+
+    /// ms from `now` until the newest booking leaves the window (0 when nothing is live).
+    fn until_newest_leaves(&self, params: &Params, now_ms: i64, live: &Live) -> u64 {
+        match self.entries.back() {
+            Some(&(ts, _)) if live.first < self.entries.len() => {
+                reset(i128::from(ts) + params.window() - i128::from(now_ms))
+            }
+            _ => 0,
+        }
+    }
+
+    /// R for a denied `cost`: until enough of the oldest units have left the window.
+    fn wait(&self, params: &Params, now_ms: i64, live: &Live, cost: u64) -> u64 {
+        if cost > params.limit {
+            return self.until_newest_leaves(params, now_ms, live);
+        }
+        let excess = u128::from(live.count) + u128::from(cost) - u128::from(params.limit);
+        let mut left = 0u128;
+        for &(ts, n) in self.entries.range(live.first..) {
+            left += u128::from(n);
+            if left >= excess {
+                return reset(i128::from(ts) + params.window() - i128::from(now_ms));
+            }
+        }
+        // Unreachable while the count is the sum of the live entries; stay well-defined.
+        self.until_newest_leaves(params, now_ms, live)
+    }
+
+    fn book(&mut self, now_ms: i64, cost: u64) {
+        self.total += cost;
+        match self.entries.back_mut() {
+            None => self.entries.push_back((now_ms, cost)),
+            Some((ts, _)) if *ts < now_ms => self.entries.push_back((now_ms, cost)),
+            Some((ts, n)) if *ts == now_ms => *n += cost,
+            Some(_) => {
+                let at = self.entries.partition_point(|&(ts, _)| ts < now_ms);
+                match self.entries.get_mut(at) {
+                    Some((ts, n)) if *ts == now_ms => *n += cost,
+                    _ => self.entries.insert(at, (now_ms, cost)),
+                }
+            }
+        }
+    }
+}
+
+impl Counter for SlidingLog {
+    fn check(&mut self, params: &Params, now_ms: i64, cost: u64, _book_on_deny: bool) -> Verdict {
+        self.drop_expired(params, now_ms);
+        let live = Live {
+            first: 0,
+            count: self.total,
+        };
+        match self.total.checked_add(cost) {
+            Some(after) if after <= params.limit => {
+                self.book(now_ms, cost);
+                let live = Live {
+                    first: 0,
+                    count: after,
+                };
+                Verdict {
+                    allowed: true,
+                    remaining: params.limit - after,
+                    reset_ms: self.until_newest_leaves(params, now_ms, &live),
+                    booked: true,
+                }
+            }
+            _ => Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_ms: self.wait(params, now_ms, &live, cost),
+                booked: false,
+            },
+        }
+    }
+
+    fn peek(&self, params: &Params, now_ms: i64) -> Verdict {
+        let live = self.live(params, now_ms);
+        let allowed = live.count < params.limit;
+        Verdict {
+            allowed,
+            remaining: params.limit.saturating_sub(live.count),
+            reset_ms: if allowed {
+                self.until_newest_leaves(params, now_ms, &live)
+            } else {
+                self.wait(params, now_ms, &live, 1)
+            },
+            booked: false,
+        }
+    }
+
+    fn refund(&mut self, params: &Params, now_ms: i64, cost: u64, booked_at_ms: i64) {
+        self.drop_expired(params, now_ms);
+        if let Ok(at) = self
+            .entries
+            .binary_search_by_key(&booked_at_ms, |&(ts, _)| ts)
+        {
+            let n = &mut self.entries[at].1;
+            let taken = cost.min(*n);
+            *n -= taken;
+            self.total -= taken;
+            if *n == 0 {
+                self.entries.remove(at);
+            }
+        }
+    }
+
+    fn expires_at_ms(&self, params: &Params) -> i64 {
+        self.entries
+            .back()
+            .map_or(0, |&(ts, _)| instant(i128::from(ts) + params.window()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: i64 = 60_000;
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn params(limit: u64) -> Params {
+        Params {
+            window_ms: W,
+            limit,
+            burst: limit,
+        }
+    }
+
+    #[test]
+    fn admits_up_to_the_limit_then_waits_for_the_oldest() {
+        let p = params(5);
+        let mut log = SlidingLog::default();
+        let v = log.check(&p, NOW, 2, false);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 3, W as u64));
+        let v = log.check(&p, NOW + 1_000, 3, false);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 0, W as u64));
+
+        // One unit must leave: the two booked at NOW do at NOW + W.
+        let before = log.clone();
+        let v = log.check(&p, NOW + 10_000, 1, false);
+        assert!(!v.allowed && !v.booked);
+        assert_eq!((v.remaining, v.reset_ms), (0, 50_000));
+        assert_eq!(log, before);
+        // Three units must leave: only after the second booking does too.
+        let v = log.check(&p, NOW + 10_000, 3, false);
+        assert_eq!(v.reset_ms, 51_000);
+
+        let v = log.check(&p, NOW + W, 2, false);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(
+            log.entries().collect::<Vec<_>>(),
+            [(NOW + 1_000, 3), (NOW + W, 2)]
+        );
+    }
+
+    #[test]
+    fn never_fitting_cost_waits_for_the_newest() {
+        let p = params(5);
+        let mut log = SlidingLog::default();
+        assert_eq!(log.check(&p, NOW, 6, false).reset_ms, 0);
+        log.check(&p, NOW, 1, false);
+        log.check(&p, NOW + 5_000, 1, false);
+        let v = log.check(&p, NOW + 6_000, 6, false);
+        assert_eq!((v.allowed, v.reset_ms), (false, 59_000));
+        let v = log.check(&p, NOW, u64::MAX, false);
+        assert!(!v.allowed);
+    }
+
+    #[test]
+    fn same_instant_bookings_merge_and_consume_never_logs_a_denial() {
+        let p = params(3);
+        let mut log = SlidingLog::default();
+        log.check(&p, NOW, 1, false);
+        log.check(&p, NOW, 2, false);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 3)]);
+        let v = log.check(&p, NOW, 1, true);
+        assert!(!v.allowed && !v.booked);
+        assert_eq!(log.total, 3);
+    }
+
+    #[test]
+    fn peek_changes_nothing() {
+        let p = params(2);
+        let mut log = SlidingLog::default();
+        let v = log.peek(&p, NOW);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 2, 0));
+        log.check(&p, NOW, 1, false);
+        let v = log.peek(&p, NOW + 100);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 1, 59_900));
+        log.check(&p, NOW + 100, 1, false);
+        let before = log.clone();
+        let v = log.peek(&p, NOW + 200);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (false, 0, 59_800));
+        // Expired entries still stored do not count for a peek.
+        let v = log.peek(&p, NOW + W);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 1, 100));
+        assert_eq!(log, before);
+    }
+
+    #[test]
+    fn refund_removes_units_of_its_own_instant() {
+        let p = params(5);
+        let mut log = SlidingLog::default();
+        log.check(&p, NOW, 3, false);
+        log.check(&p, NOW + 1, 2, false);
+        log.refund(&p, NOW + 2, 1, NOW);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 2), (NOW + 1, 2)]);
+        log.refund(&p, NOW + 2, 9, NOW + 1);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 2)]);
+        log.refund(&p, NOW + 2, 1, NOW + 5);
+        assert_eq!(log.peek(&p, NOW + 2).remaining, 3);
+        assert_eq!(log.expires_at_ms(&p), NOW + W);
+        log.refund(&p, NOW + 2, 2, NOW);
+        assert_eq!(log.expires_at_ms(&p), 0);
+    }
+
+    #[test]
+    fn clock_going_backwards_keeps_the_log_sorted() {
+        let p = params(4);
+        let mut log = SlidingLog::default();
+        log.check(&p, NOW, 1, false);
+        log.check(&p, NOW + 10, 1, false);
+        let v = log.check(&p, NOW + 5, 1, false);
+        assert!(v.allowed);
+        assert_eq!(
+            v.reset_ms,
+            (W + 5) as u64,
+            "newest booking is still ahead of now"
+        );
+        log.check(&p, NOW + 10, 1, false);
+        assert_eq!(
+            log.entries().collect::<Vec<_>>(),
+            [(NOW, 1), (NOW + 5, 1), (NOW + 10, 2)]
+        );
+        log.refund(&p, NOW, 1, NOW + 5);
+        assert_eq!(log.total, 3);
+        let v = log.check(&p, NOW - W, 2, false);
+        assert!(!v.allowed);
+        assert_eq!(v.reset_ms, (2 * W) as u64, "the oldest unit leaves first");
+    }
+
+    #[test]
+    fn extreme_inputs_never_panic() {
+        let p = params(10_000);
+        let mut log = SlidingLog::default();
+        for now in [i64::MIN, -1, 0, i64::MAX, i64::MIN] {
+            log.check(&p, now, u64::MAX, true);
+            log.check(&p, now, 1, false);
+            log.peek(&p, now);
+            log.expires_at_ms(&p);
+            log.refund(&p, now, u64::MAX, now);
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! Sliding window: the weighted two-window counter (previous window's count fades out
+//! linearly while the current window fills). Cheap and smooth, not exact: see `sliding_log`.
+//!
+//! State (Lua: three hash fields) `{window, current c, previous p}`; a missing key is
+//! `{0, 0, 0}`. With `cur = floor(now / W)`:
+//!
+//! - roll: if `c == 0 and p == 0` or `cur > window + 1`: `{cur, 0, 0}`; if `cur == window + 1`:
+//!   `{cur, 0, c}`; if `cur <= window` (same window, or the clock went backwards) keep it.
+//!   Then `e = clamp(now - window*W, 0, W - 1)`, the elapsed ms in the window.
+//! - check `n`: allow iff `c + n <= L` and `p*(W-e) + (c+n)*W <= L*W` (the first test only
+//!   keeps the products small; it is implied by the second). OK: `c += n`, remaining
+//!   `floor((L*W - p*(W-e) - c*W) / W)`, R = `W - e`.
+//!   OVER: remaining 0, no write unless `consume` (`c = min(c + n, 2^53)`), and R = the
+//!   earliest wait after which `n` fits if nothing else is booked:
+//!   - `c + n <= L` (so `p > 0`): `ceil((p*(W-e) - (L-c-n)*W) / p)`, within this window;
+//!   - `n > L` (never fits): `(W - e) + W`, the end of the next window;
+//!   - otherwise it fits in the next window once `c` (then previous) has faded enough:
+//!     `(W - e) + W - floor((L-n)*W / c)`.
+//! - peek: the check arithmetic with `n = 1` and no write; remaining uses `c`, not `c + 1`.
+//! - refund `(cost, booked_at)`: roll to now; with `b = floor(booked_at / W)`: if
+//!   `window == b`, `c -= min(c, cost)`; if `window == b + 1`, `p -= min(p, cost)`.
+//! - expires at `(window + 2)*W` while `c > 0`, `(window + 1)*W` when only `p > 0`, else at
+//!   once (0).
+//!
+//! Products are computed in 128 bits here; validation keeps `L*W <= 2^53` for Lua.
+
+use super::{Counter, MAX_COUNT, Params, Verdict, div_ceil, instant, reset};
+
+/// Counts of the current and the previous window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingWindow {
+    /// Index of the current window: `floor(t / W)`.
+    pub window: i64,
+    /// `c`: cost booked in the current window.
+    pub current: u64,
+    /// `p`: cost booked in the window before it.
+    pub previous: u64,
+}
+
+/// A rolled state with the elapsed time in its window.
+struct At {
+    state: SlidingWindow,
+    /// `e`, in `0..W`.
+    elapsed: i128,
+}
+
+impl SlidingWindow {
+    fn rolled(&self, params: &Params, now_ms: i64) -> At {
+        let window = params.window();
+        let cur = now_ms.div_euclid(params.window_ms.max(1));
+        let next = i128::from(self.window) + 1;
+        let state = if (self.current == 0 && self.previous == 0) || i128::from(cur) > next {
+            SlidingWindow {
+                window: cur,
+                current: 0,
+                previous: 0,
+            }
+        } else if i128::from(cur) == next {
+            SlidingWindow {
+                window: cur,
+                current: 0,
+                previous: self.current,
+            }
+        } else {
+            self.clone()
+        };
+        let elapsed = (i128::from(now_ms) - i128::from(state.window) * window).clamp(0, window - 1);
+        At { state, elapsed }
+    }
+}
+
+impl At {
+    /// Whether `cost` fits, and if so the remaining count after booking it.
+    fn fit(&self, params: &Params, cost: u64) -> Option<u64> {
+        let (l, p, w) = (
+            i128::from(params.limit),
+            i128::from(self.state.previous),
+            params.window(),
+        );
+        let total = i128::from(self.state.current) + i128::from(cost);
+        if total > l {
+            return None;
+        }
+        let left = l * w - p * (w - self.elapsed) - total * w;
+        (left >= 0).then(|| (left / w) as u64)
+    }
+
+    /// R for a denied `cost`: the earliest wait after which it fits.
+    fn wait(&self, params: &Params, cost: u64) -> u64 {
+        let (l, n) = (i128::from(params.limit), i128::from(cost));
+        let (c, p) = (
+            i128::from(self.state.current),
+            i128::from(self.state.previous),
+        );
+        let (w, e) = (params.window(), self.elapsed);
+        if c + n <= l && p > 0 {
+            reset(div_ceil((p * (w - e) - (l - c - n) * w).max(0), p))
+        } else if n > l || c == 0 {
+            reset((w - e) + w)
+        } else {
+            reset((w - e) + w - (l - n) * w / c)
+        }
+    }
+}
+
+impl Counter for SlidingWindow {
+    fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict {
+        let at = self.rolled(params, now_ms);
+        let window = params.window();
+        match at.fit(params, cost) {
+            Some(remaining) => {
+                *self = at.state;
+                self.current += cost;
+                Verdict {
+                    allowed: true,
+                    remaining,
+                    reset_ms: reset(window - at.elapsed),
+                    booked: true,
+                }
+            }
+            None => {
+                let reset_ms = at.wait(params, cost);
+                if book_on_deny {
+                    *self = at.state;
+                    self.current = self.current.saturating_add(cost).min(MAX_COUNT);
+                }
+                Verdict {
+                    allowed: false,
+                    remaining: 0,
+                    reset_ms,
+                    booked: book_on_deny,
+                }
+            }
+        }
+    }
+
+    fn peek(&self, params: &Params, now_ms: i64) -> Verdict {
+        let at = self.rolled(params, now_ms);
+        match at.fit(params, 1) {
+            // Remaining without booking the probe: one more than after booking it.
+            Some(remaining) => Verdict {
+                allowed: true,
+                remaining: remaining + 1,
+                reset_ms: reset(params.window() - at.elapsed),
+                booked: false,
+            },
+            None => Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_ms: at.wait(params, 1),
+                booked: false,
+            },
+        }
+    }
+
+    fn refund(&mut self, params: &Params, now_ms: i64, cost: u64, booked_at_ms: i64) {
+        *self = self.rolled(params, now_ms).state;
+        let booked_window = booked_at_ms.div_euclid(params.window_ms.max(1));
+        if self.window == booked_window {
+            self.current -= self.current.min(cost);
+        } else if Some(self.window) == booked_window.checked_add(1) {
+            self.previous -= self.previous.min(cost);
+        }
+    }
+
+    fn expires_at_ms(&self, params: &Params) -> i64 {
+        let ahead = if self.current > 0 {
+            2
+        } else if self.previous > 0 {
+            1
+        } else {
+            return 0;
+        };
+        instant((i128::from(self.window) + ahead) * params.window())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: i64 = 60_000;
+    /// Start of some window.
+    const BASE: i64 = 1_700_000_040_000;
+
+    fn params(limit: u64) -> Params {
+        Params {
+            window_ms: W,
+            limit,
+            burst: limit,
+        }
+    }
+
+    /// p = 8 from the previous window, c = 3 in the current one (which starts at BASE).
+    fn p8_c3() -> SlidingWindow {
+        SlidingWindow {
+            window: BASE / W,
+            current: 3,
+            previous: 8,
+        }
+    }
+
+    #[test]
+    fn spec_vector() {
+        let p = params(10);
+        let mut s = p8_c3();
+        let e = BASE + 15_000;
+
+        let v = s.check(&p, e, 1, false);
+        assert!(v.allowed);
+        assert_eq!(
+            (v.remaining, v.reset_ms, v.reset_ms.div_ceil(1000)),
+            (0, 45_000, 45)
+        );
+
+        let before = s.clone();
+        let v = s.check(&p, e, 1, false);
+        assert!(!v.allowed && !v.booked);
+        assert_eq!(
+            (v.remaining, v.reset_ms, v.reset_ms.div_ceil(1000)),
+            (0, 7_500, 8)
+        );
+        assert_eq!(s, before);
+        // The wait is exact: one ms earlier is still denied, at R it fits.
+        assert!(!s.peek(&p, e + 7_499).allowed);
+        assert!(s.peek(&p, e + 7_500).allowed);
+    }
+
+    #[test]
+    fn wait_when_only_the_next_window_fits() {
+        let p = params(10);
+        let mut s = SlidingWindow::default();
+        s.check(&p, BASE + 10_000, 8, false);
+        // c = 8, n = 4: never fits this window; next window needs 8*(W-e2) <= 6*W.
+        let v = s.check(&p, BASE + 10_000, 4, false);
+        assert!(!v.allowed);
+        let e2 = W - 6 * W / 8;
+        assert_eq!(v.reset_ms, (W - 10_000 + e2) as u64);
+        let at = BASE + 10_000 + v.reset_ms as i64;
+        assert!(s.clone().check(&p, at, 4, false).allowed);
+        assert!(!s.clone().check(&p, at - 1, 4, false).allowed);
+
+        let v = s.check(&p, BASE + 10_000, 11, false);
+        assert_eq!(v.reset_ms, (W - 10_000 + W) as u64, "n > L never fits");
+    }
+
+    #[test]
+    fn peek_remaining_excludes_the_probe() {
+        let p = params(10);
+        let s = p8_c3();
+        let v = s.peek(&p, BASE + 15_000);
+        assert!(v.allowed);
+        // 8 * 45/60 = 6 weighted + 3 = 9: one left.
+        assert_eq!((v.remaining, v.reset_ms), (1, 45_000));
+        let v = SlidingWindow::default().peek(&p, BASE);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 10, 60_000));
+    }
+
+    #[test]
+    fn consume_books_denials() {
+        let p = params(10);
+        let mut s = p8_c3();
+        let v = s.check(&p, BASE + 15_000, 5, true);
+        assert!(!v.allowed && v.booked);
+        assert_eq!(s.current, 8);
+        s.check(&p, BASE + 15_000, u64::MAX, true);
+        assert_eq!(s.current, MAX_COUNT);
+    }
+
+    #[test]
+    fn refund_reaches_the_previous_window() {
+        let p = params(10);
+        let mut s = SlidingWindow::default();
+        s.check(&p, BASE, 4, false);
+        s.refund(&p, BASE + 1, 1, BASE);
+        assert_eq!(s.current, 3);
+        s.refund(&p, BASE + W, 2, BASE);
+        assert_eq!((s.current, s.previous), (0, 1));
+        s.refund(&p, BASE + 3 * W, 2, BASE);
+        assert_eq!((s.current, s.previous), (0, 0));
+    }
+
+    #[test]
+    fn rolls_and_expiry() {
+        let p = params(10);
+        let mut s = SlidingWindow::default();
+        s.check(&p, BASE, 4, false);
+        assert_eq!(s.expires_at_ms(&p), BASE + 2 * W);
+        s.check(&p, BASE + W, 1, false);
+        assert_eq!((s.current, s.previous), (1, 4));
+        s.refund(&p, BASE + W, 1, BASE + W);
+        assert_eq!(s.expires_at_ms(&p), BASE + 2 * W);
+        s.check(&p, BASE + 3 * W, 1, false);
+        assert_eq!((s.current, s.previous), (1, 0));
+        let v = SlidingWindow::default().peek(&p, BASE + 3 * W + 5);
+        assert_eq!(v.remaining, 10);
+    }
+
+    #[test]
+    fn clock_going_backwards_counts_in_the_stored_window() {
+        let p = params(10);
+        let mut s = SlidingWindow::default();
+        s.check(&p, BASE + W + 30_000, 9, false);
+        let v = s.check(&p, BASE, 1, false);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.reset_ms), (0, W as u64));
+        let v = s.check(&p, BASE, 1, false);
+        assert!(!v.allowed);
+        // Fits once the stored window's 10 have faded to 9 in the window after it.
+        assert_eq!(v.reset_ms, (W + W - 9 * W / 10) as u64);
+    }
+
+    #[test]
+    fn extreme_inputs_never_panic() {
+        let p = params(u64::from(u32::MAX));
+        let mut s = SlidingWindow::default();
+        for now in [i64::MIN, -1, 0, i64::MAX, i64::MIN] {
+            s.check(&p, now, u64::MAX, true);
+            s.check(&p, now, 1, false);
+            s.peek(&p, now);
+            s.expires_at_ms(&p);
+            s.refund(&p, now, u64::MAX, i64::MAX);
+        }
+    }
+}

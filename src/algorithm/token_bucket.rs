@@ -1,0 +1,313 @@
+//! Token bucket as GCRA with exact integer scaling: no floats, so Lua and Rust agree.
+//!
+//! Scaling: `g = gcd(W, L)`; one request costs `U = W / g` units; the level leaks
+//! `λ = L / g` units per ms; capacity `C = B * U` (validation keeps `C <= 2^53`). A full
+//! bucket drains in `C / λ = B * W / L` ms, the burst refills at exactly `L` per `W`.
+//!
+//! State (Lua: two hash fields) `{level u, updated t}`; a missing key is `{0, 0}`.
+//!
+//! - decay: `u0 = max(0, u - max(0, now - t) * λ)` (a clock going backwards leaks nothing).
+//! - check `n > B`: OVER, remaining 0, R = `ceil(u0 / λ)`, no write at all (not even under
+//!   `consume`): such a request can never fit.
+//! - check `n`: allow iff `u0 + n*U <= C`. OK: store `{u1 = u0 + n*U, now}`, remaining
+//!   `floor((C - u1) / U)`, R = `ceil(u1 / λ)` (until empty again). OVER: remaining 0,
+//!   R = `ceil((u0 + n*U - C) / λ)` (until this request would fit); under `consume` store
+//!   `{min(u0 + n*U, 2^53), now}`, else no write.
+//! - peek: allowed iff `u0 + U <= C`; remaining `floor(max(0, C - u0) / U)`;
+//!   R = `ceil(u0 / λ)` when allowed, else `ceil((u0 + U - C) / λ)`; no write.
+//! - refund `cost`: store `{u0 - min(u0, cost*U), now}` (the instant of the booking does not
+//!   matter: units leak the same whoever booked them).
+//! - expires at `t + ceil(u / λ)`, when the level has leaked to 0.
+//!
+//! Arithmetic here is in 128 bits, so no input overflows; Lua stays exact below 2^53.
+
+use super::{Counter, MAX_COUNT, Params, Verdict, instant, reset};
+use crate::rules::gcd;
+
+/// GCRA level of one bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenBucket {
+    /// `u`: units in the bucket at `updated_ms`.
+    pub level: u64,
+    /// `t`: when `level` was stored.
+    pub updated_ms: i64,
+}
+
+/// The scaled constants of one policy.
+struct Scale {
+    /// `U`: units per request.
+    unit: u128,
+    /// `λ`: units leaked per ms.
+    leak: u128,
+    /// `C`: capacity in units.
+    capacity: u128,
+}
+
+impl Scale {
+    /// `None` for `L = 0`, which never reaches an algorithm; it then denies everything.
+    fn of(params: &Params) -> Option<Scale> {
+        let window = params.window_ms.max(1) as u64;
+        if params.limit == 0 {
+            return None;
+        }
+        let g = gcd(window, params.limit);
+        let unit = u128::from(window / g);
+        Some(Scale {
+            unit,
+            leak: u128::from(params.limit / g),
+            capacity: u128::from(params.burst) * unit,
+        })
+    }
+
+    /// ms until `units` have leaked.
+    fn drain_ms(&self, units: u128) -> u64 {
+        reset(units.div_ceil(self.leak) as i128)
+    }
+}
+
+impl TokenBucket {
+    /// `u0`: the level left at `now`.
+    fn level_at(&self, scale: &Scale, now_ms: i64) -> u128 {
+        let elapsed = (i128::from(now_ms) - i128::from(self.updated_ms)).max(0) as u128;
+        u128::from(self.level).saturating_sub(elapsed * scale.leak)
+    }
+}
+
+impl Counter for TokenBucket {
+    fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict {
+        let over = |reset_ms, booked| Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_ms,
+            booked,
+        };
+        let Some(scale) = Scale::of(params) else {
+            return over(0, false);
+        };
+        let level = self.level_at(&scale, now_ms);
+        if cost > params.burst {
+            return over(scale.drain_ms(level), false);
+        }
+        let needed = level + u128::from(cost) * scale.unit;
+        if needed <= scale.capacity {
+            self.level = u64::try_from(needed).unwrap_or(u64::MAX);
+            self.updated_ms = now_ms;
+            return Verdict {
+                allowed: true,
+                remaining: ((scale.capacity - needed) / scale.unit) as u64,
+                reset_ms: scale.drain_ms(needed),
+                booked: true,
+            };
+        }
+        if book_on_deny {
+            self.level = needed.min(u128::from(MAX_COUNT)) as u64;
+            self.updated_ms = now_ms;
+        }
+        over(scale.drain_ms(needed - scale.capacity), book_on_deny)
+    }
+
+    fn peek(&self, params: &Params, now_ms: i64) -> Verdict {
+        let Some(scale) = Scale::of(params) else {
+            return Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_ms: 0,
+                booked: false,
+            };
+        };
+        let level = self.level_at(&scale, now_ms);
+        let allowed = level + scale.unit <= scale.capacity;
+        let reset_ms = if allowed {
+            scale.drain_ms(level)
+        } else {
+            scale.drain_ms(level + scale.unit - scale.capacity)
+        };
+        Verdict {
+            allowed,
+            remaining: u64::try_from(scale.capacity.saturating_sub(level) / scale.unit)
+                .unwrap_or(u64::MAX),
+            reset_ms,
+            booked: false,
+        }
+    }
+
+    fn refund(&mut self, params: &Params, now_ms: i64, cost: u64, _booked_at_ms: i64) {
+        let Some(scale) = Scale::of(params) else {
+            return;
+        };
+        let level = self.level_at(&scale, now_ms);
+        self.level = (level - level.min(u128::from(cost) * scale.unit)) as u64;
+        self.updated_ms = now_ms;
+    }
+
+    fn expires_at_ms(&self, params: &Params) -> i64 {
+        let Some(scale) = Scale::of(params) else {
+            return 0;
+        };
+        let drain = u128::from(self.level).div_ceil(scale.leak) as i128;
+        instant(i128::from(self.updated_ms) + drain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn params(limit: u64, window_ms: i64, burst: u64) -> Params {
+        Params {
+            window_ms,
+            limit,
+            burst,
+        }
+    }
+
+    fn seconds(verdict: Verdict) -> u64 {
+        verdict.reset_ms.div_ceil(1000)
+    }
+
+    #[test]
+    fn spec_vector_per_minute() {
+        let p = params(60, 60_000, 60);
+        let mut b = TokenBucket::default();
+
+        let v = b.check(&p, NOW, 10, false);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, seconds(v)), (50, 10));
+
+        let before = b.clone();
+        let v = b.check(&p, NOW, 51, false);
+        assert!(!v.allowed && !v.booked);
+        assert_eq!((v.remaining, v.reset_ms, seconds(v)), (0, 1000, 1));
+        assert_eq!(b, before);
+
+        let v = b.check(&p, NOW, 50, false);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, seconds(v)), (0, 60));
+
+        let later = NOW + 30_500;
+        let v = b.check(&p, later, 31, false);
+        assert!(!v.allowed);
+        assert_eq!((v.reset_ms, seconds(v)), (500, 1));
+
+        let v = b.check(&p, later, 30, false);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, seconds(v)), (0, 60));
+    }
+
+    #[test]
+    fn spec_vector_per_second() {
+        let p = params(10, 1000, 10);
+        let mut b = TokenBucket::default();
+        for expected in (0..10).rev() {
+            let v = b.check(&p, NOW, 1, false);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, expected);
+        }
+        let v = b.check(&p, NOW, 1, false);
+        assert!(!v.allowed);
+        assert_eq!((v.reset_ms, seconds(v)), (100, 1));
+    }
+
+    #[test]
+    fn cost_above_burst_never_writes_even_under_consume() {
+        let p = params(10, 1000, 10);
+        let mut b = TokenBucket::default();
+        b.check(&p, NOW, 4, false);
+        let before = b.clone();
+        let v = b.check(&p, NOW + 100, 11, true);
+        assert!(!v.allowed && !v.booked);
+        assert_eq!(v.reset_ms, 300, "time until the bucket is empty");
+        assert_eq!(b, before);
+        let v = b.check(&p, NOW, u64::MAX, true);
+        assert!(!v.allowed && !v.booked);
+    }
+
+    #[test]
+    fn consume_books_denials_and_saturates() {
+        let p = params(10, 1000, 10);
+        let mut b = TokenBucket::default();
+        b.check(&p, NOW, 10, false);
+        let v = b.check(&p, NOW, 5, true);
+        assert!(!v.allowed && v.booked);
+        assert_eq!(v.reset_ms, 500);
+        assert_eq!(b.level, 1500);
+        assert_eq!(b.peek(&p, NOW).remaining, 0);
+        assert_eq!(b.peek(&p, NOW).reset_ms, 600);
+        for _ in 0..100 {
+            b.check(&p, NOW, 10, true);
+        }
+        assert_eq!(b.level, 101_500);
+        b.level = MAX_COUNT - 1;
+        b.check(&p, NOW, 10, true);
+        assert_eq!(b.level, MAX_COUNT);
+    }
+
+    #[test]
+    fn peek_reports_level_without_writing() {
+        let p = params(60, 60_000, 60);
+        let mut b = TokenBucket::default();
+        let v = b.peek(&p, NOW);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.reset_ms), (60, 0));
+        b.check(&p, NOW, 59, false);
+        let v = b.peek(&p, NOW);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.reset_ms), (1, 59_000));
+        b.check(&p, NOW, 1, false);
+        let v = b.peek(&p, NOW + 200);
+        assert!(!v.allowed);
+        assert_eq!((v.remaining, v.reset_ms), (0, 800));
+    }
+
+    #[test]
+    fn refund_returns_units_at_the_current_level() {
+        let p = params(60, 60_000, 60);
+        let mut b = TokenBucket::default();
+        b.check(&p, NOW, 30, false);
+        b.refund(&p, NOW + 5_000, 10, NOW);
+        // 30_000 units leaked 5_000 by then; 10 requests are 10_000 units.
+        assert_eq!((b.level, b.updated_ms), (15_000, NOW + 5_000));
+        b.refund(&p, NOW + 5_000, u64::MAX, NOW);
+        assert_eq!(b.level, 0);
+    }
+
+    #[test]
+    fn clock_going_backwards_leaks_nothing() {
+        let p = params(10, 1000, 10);
+        let mut b = TokenBucket::default();
+        b.check(&p, NOW, 5, false);
+        let v = b.check(&p, NOW - 10_000, 5, false);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.reset_ms), (0, 1000));
+        assert!(!b.check(&p, NOW - 20_000, 1, false).allowed);
+        assert_eq!(b.expires_at_ms(&p), NOW - 10_000 + 1000);
+    }
+
+    #[test]
+    fn extreme_inputs_never_panic() {
+        let p = params(u64::from(u32::MAX), 1000, u64::from(u32::MAX));
+        let mut b = TokenBucket::default();
+        for now in [i64::MIN, -1, 0, i64::MAX, i64::MIN] {
+            b.check(&p, now, u64::MAX, true);
+            b.check(&p, now, u64::from(u32::MAX), true);
+            b.peek(&p, now);
+            b.expires_at_ms(&p);
+            b.refund(&p, now, u64::MAX, now);
+        }
+        let zero = params(0, 1000, 0);
+        assert!(!b.check(&zero, NOW, 1, true).allowed);
+        assert!(!b.peek(&zero, NOW).allowed);
+    }
+
+    #[test]
+    fn expiry_is_when_the_level_has_leaked() {
+        let p = params(60, 60_000, 60);
+        let mut b = TokenBucket::default();
+        b.check(&p, NOW, 3, false);
+        assert_eq!(b.expires_at_ms(&p), NOW + 3_000);
+        let empty = b.peek(&p, NOW + 3_000);
+        assert_eq!((empty.remaining, empty.reset_ms), (60, 0));
+    }
+}

@@ -1,0 +1,625 @@
+//! In-process backend: bucket state in sharded maps, decided by `crate::algorithm` directly.
+//!
+//! For a single replica, tests and benchmarks. Numbers are identical to Redis because the
+//! same `Bucket::decide` runs here that the Lua scripts mirror; time is a [`Clock`] in ms
+//! since the Unix epoch, so windows align as they do under Redis `TIME`. (Not
+//! `tokio::time::Instant`: it has no epoch to align windows to. Tests use [`ManualClock`]
+//! instead of paused Tokio time.)
+//!
+//! Layout: 64 shards, each a `parking_lot::Mutex` (held for one decision, never across an
+//! await) over a dense `Vec` of slots plus a `HashMap` from key to slot index. Keys are
+//! already uniform SHA-256 prefixes, so the shard comes from bytes 8..16 and the map hashes
+//! bytes 0..16 without a real hasher. The dense vector keeps the index table small and lets
+//! the sweep and the eviction pick slots by position.
+//!
+//! Bounds, so a flood of distinct values cannot exhaust memory:
+//! - Expiry: every slot stores its `Bucket::expires_at_ms`. An expired bucket found on access
+//!   restarts empty in place; a decision that leaves a new bucket empty stores nothing.
+//! - Sweep: each insert examines the next 4 slots at a per-shard cursor and drops expired
+//!   ones; the cursor outruns the inserts, so it passes every slot within about `len / 3`
+//!   inserts into the shard and expired state cannot pile up while the shard grows.
+//! - Cap: each shard holds at most its share of the cap (`cap / 64`, spread exactly; caps
+//!   below 64 count as 64). A full shard first sweeps 32 more slots; if none was expired, it
+//!   drops the slot closest to expiry among 16 sampled at random. Dropping a still-live bucket
+//!   is counted in [`MemoryBackend::evictions`]: its requests start over from an empty bucket.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use super::{Backend, BackendError, BucketKey, Charge, Outcome, Refund};
+use crate::algorithm::Bucket;
+use crate::rules::Policy;
+
+/// Default cap on live buckets: about 115 MB of resident state when full.
+pub const DEFAULT_CAPACITY: usize = 1_000_000;
+
+const SHARDS: usize = 64;
+/// Slots the sweep examines on every insert.
+const SWEEP_STEP: usize = 4;
+/// Slots the sweep examines when a shard is full, before evicting a live bucket.
+const FULL_SWEEP_STEP: usize = 32;
+/// Slots sampled to choose an eviction victim.
+const EVICTION_SAMPLE: usize = 16;
+
+/// A source of time in ms since the Unix epoch.
+pub trait Clock: Send + Sync {
+    /// The current time; may go backwards (the algorithms tolerate it).
+    fn now_ms(&self) -> i64;
+}
+
+/// The wall clock, as Redis `TIME` would give it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        match SystemTime::now().duration_since(UNIX_EPOCH) {
+            Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+            Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// A clock that only moves when told to: windows and expiry in tests without sleeping.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    /// A clock reading `now_ms`.
+    pub fn new(now_ms: i64) -> ManualClock {
+        ManualClock(AtomicI64::new(now_ms))
+    }
+
+    /// Sets the time (backwards too).
+    pub fn set(&self, now_ms: i64) {
+        self.0.store(now_ms, Ordering::SeqCst);
+    }
+
+    /// Moves the time by `delta_ms` (negative goes backwards).
+    pub fn advance(&self, delta_ms: i64) {
+        self.0.fetch_add(delta_ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Buckets kept in process memory.
+pub struct MemoryBackend {
+    shards: Box<[Padded]>,
+    clock: Arc<dyn Clock>,
+    capacity: usize,
+}
+
+/// One shard on its own cache lines, so cores working on neighbouring shards do not contend.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+struct Shard {
+    /// Key -> position in `slots`.
+    index: HashMap<BucketKey, u32, BuildHasherDefault<KeyHasher>>,
+    slots: Vec<Slot>,
+    /// Most buckets this shard may hold.
+    share: usize,
+    /// Next slot the sweep examines.
+    cursor: usize,
+    /// xorshift state for eviction sampling.
+    rng: u64,
+    /// Live buckets dropped to make room.
+    evictions: u64,
+}
+
+struct Slot {
+    key: BucketKey,
+    bucket: Bucket,
+    /// `bucket.expires_at_ms(policy)` as of its last write: the sweep has no policy at hand.
+    expires_at_ms: i64,
+}
+
+/// Hashes a `BucketKey` by folding its bytes: they already are a uniform hash.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(32) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl MemoryBackend {
+    /// A backend on the wall clock holding at most `capacity` live buckets.
+    pub fn new(capacity: usize) -> MemoryBackend {
+        MemoryBackend::with_clock(capacity, Arc::new(SystemClock))
+    }
+
+    /// A backend on the given clock (tests drive a [`ManualClock`]).
+    pub fn with_clock(capacity: usize, clock: Arc<dyn Clock>) -> MemoryBackend {
+        let capacity = capacity.clamp(SHARDS, u32::MAX as usize);
+        let shards = (0..SHARDS)
+            .map(|i| {
+                Padded(Mutex::new(Shard {
+                    index: HashMap::default(),
+                    slots: Vec::new(),
+                    share: capacity / SHARDS + usize::from(i < capacity % SHARDS),
+                    cursor: 0,
+                    rng: 0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
+                    evictions: 0,
+                }))
+            })
+            .collect();
+        MemoryBackend {
+            shards,
+            clock,
+            capacity,
+        }
+    }
+
+    /// The cap on live buckets (as clamped by the constructor).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Buckets held now. Expired ones count until the sweep or an access drops them.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().slots.len()).sum()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live buckets dropped so far to respect the cap.
+    pub fn evictions(&self) -> u64 {
+        self.shards.iter().map(|s| s.0.lock().evictions).sum()
+    }
+
+    fn shard(&self, key: &BucketKey) -> &Mutex<Shard> {
+        let bytes = key.as_bytes();
+        let mut high = [0u8; 8];
+        high.copy_from_slice(&bytes[8..]);
+        &self.shards[(u64::from_le_bytes(high) % SHARDS as u64) as usize].0
+    }
+
+    fn charge_one(&self, charge: &Charge) -> Outcome {
+        let mut shard = self.shard(&charge.bucket).lock();
+        // Read under the lock, as the Lua scripts read TIME inside the atomic script: one
+        // bucket then sees its decisions in clock order.
+        let now_ms = self.clock.now_ms();
+        let verdict = shard.decide(charge.bucket, &charge.policy, now_ms, charge.cost);
+        Outcome {
+            allowed: verdict.allowed,
+            remaining: verdict.remaining,
+            reset_ms: verdict.reset_ms,
+            now_ms,
+            booked: verdict.booked,
+        }
+    }
+
+    fn refund_one(&self, refund: &Refund) {
+        let mut shard = self.shard(&refund.bucket).lock();
+        let now_ms = self.clock.now_ms();
+        shard.refund(refund, now_ms);
+    }
+}
+
+impl Shard {
+    fn decide(
+        &mut self,
+        key: BucketKey,
+        policy: &Policy,
+        now_ms: i64,
+        cost: u64,
+    ) -> crate::algorithm::Verdict {
+        if let Some(&at) = self.index.get(&key) {
+            let slot = &mut self.slots[at as usize];
+            if slot.expires_at_ms <= now_ms {
+                slot.bucket = Bucket::new(policy.algorithm);
+            }
+            let verdict = slot.bucket.decide(policy, now_ms, cost);
+            slot.expires_at_ms = slot.bucket.expires_at_ms(policy);
+            return verdict;
+        }
+        let mut bucket = Bucket::new(policy.algorithm);
+        let verdict = bucket.decide(policy, now_ms, cost);
+        let expires_at_ms = bucket.expires_at_ms(policy);
+        // A bucket that is still empty (peek, rejected denial) need not be stored at all.
+        if expires_at_ms > now_ms {
+            self.insert(Slot {
+                key,
+                bucket,
+                expires_at_ms,
+            });
+            self.make_room_after_insert(now_ms);
+        }
+        verdict
+    }
+
+    fn refund(&mut self, refund: &Refund, now_ms: i64) {
+        let Some(&at) = self.index.get(&refund.bucket) else {
+            return;
+        };
+        let slot = &mut self.slots[at as usize];
+        if slot.expires_at_ms > now_ms {
+            slot.bucket
+                .refund(&refund.policy, now_ms, refund.cost, refund.booked_at_ms);
+            slot.expires_at_ms = slot.bucket.expires_at_ms(&refund.policy);
+        }
+    }
+
+    fn insert(&mut self, slot: Slot) {
+        self.index.insert(slot.key, self.slots.len() as u32);
+        self.slots.push(slot);
+    }
+
+    /// Sweeps a little; over the share, sweeps more and then evicts, so `len <= share`.
+    ///
+    /// Runs after the new slot is in place, so the new bucket competes like any other: a
+    /// flood of short-lived buckets cannot push out ones that live longer.
+    fn make_room_after_insert(&mut self, now_ms: i64) {
+        self.sweep(now_ms, SWEEP_STEP);
+        if self.slots.len() > self.share {
+            self.sweep(now_ms, FULL_SWEEP_STEP);
+        }
+        while self.slots.len() > self.share {
+            self.evict(now_ms);
+        }
+    }
+
+    /// Examines `steps` slots from the cursor, dropping the expired ones.
+    fn sweep(&mut self, now_ms: i64, steps: usize) {
+        for _ in 0..steps {
+            if self.slots.is_empty() {
+                return;
+            }
+            if self.cursor >= self.slots.len() {
+                self.cursor = 0;
+            }
+            if self.slots[self.cursor].expires_at_ms <= now_ms {
+                // The last slot moves into the cursor's place and is examined next.
+                self.remove(self.cursor);
+            } else {
+                self.cursor += 1;
+            }
+        }
+    }
+
+    /// Drops the slot closest to expiry among a random sample.
+    fn evict(&mut self, now_ms: i64) {
+        let len = self.slots.len();
+        let mut victim = self.next_random(len);
+        for _ in 1..EVICTION_SAMPLE {
+            let at = self.next_random(len);
+            if self.slots[at].expires_at_ms < self.slots[victim].expires_at_ms {
+                victim = at;
+            }
+        }
+        if self.slots[victim].expires_at_ms > now_ms {
+            self.evictions += 1;
+        }
+        self.remove(victim);
+    }
+
+    fn remove(&mut self, at: usize) {
+        let removed = self.slots.swap_remove(at);
+        self.index.remove(&removed.key);
+        if let Some(moved) = self.slots.get(at) {
+            self.index.insert(moved.key, at as u32);
+        }
+    }
+
+    /// A pseudo-random index below `len` (xorshift64; quality is ample for sampling).
+    fn next_random(&mut self, len: usize) -> usize {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        ((u128::from(x) * len as u128) >> 64) as usize
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
+        Ok(charges.iter().map(|c| self.charge_one(c)).collect())
+    }
+
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
+        refunds.iter().for_each(|r| self.refund_one(r));
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Algorithm, OnOverLimit, Unit};
+    use std::time::Duration;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn key(i: u64) -> BucketKey {
+        let value = i.to_string();
+        BucketKey::new(
+            "test",
+            "user",
+            [("user", value.as_str())],
+            &Policy::fixed_window(1, Unit::Second),
+        )
+    }
+
+    fn backend(capacity: usize) -> (MemoryBackend, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(NOW));
+        (MemoryBackend::with_clock(capacity, clock.clone()), clock)
+    }
+
+    fn charge(i: u64, policy: Policy, cost: u64) -> Charge {
+        Charge {
+            bucket: key(i),
+            policy,
+            cost,
+        }
+    }
+
+    async fn one(backend: &MemoryBackend, charge: Charge) -> Outcome {
+        backend.charge(&[charge]).await.unwrap()[0]
+    }
+
+    #[test]
+    fn slots_stay_small() {
+        // 1M buckets must fit 250 MB: a slot plus its index entry stay well under 100 B.
+        assert!(
+            size_of::<Slot>() <= 72,
+            "slot is {} bytes",
+            size_of::<Slot>()
+        );
+    }
+
+    #[tokio::test]
+    async fn batch_sees_its_own_bookings_in_order() {
+        let (backend, _) = backend(1000);
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let outcomes = backend
+            .charge(&[
+                charge(1, policy, 2),
+                charge(1, policy, 2),
+                charge(2, policy, 0),
+                charge(1, policy, 2),
+            ])
+            .await
+            .unwrap();
+        let summary: Vec<_> = outcomes.iter().map(|o| (o.allowed, o.remaining)).collect();
+        assert_eq!(summary, [(true, 3), (true, 1), (true, 5), (false, 0)]);
+        assert!(outcomes.iter().all(|o| o.now_ms == NOW));
+        assert_eq!(backend.len(), 1, "a peek stores nothing");
+        assert_eq!(backend.name(), "memory");
+        backend.ping().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn refund_restores_the_budget() {
+        let (backend, clock) = backend(1000);
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let booked = one(&backend, charge(1, policy, 4)).await;
+        clock.advance(10);
+        backend
+            .refund(&[Refund {
+                bucket: key(1),
+                policy,
+                cost: 4,
+                booked_at_ms: booked.now_ms,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(one(&backend, charge(1, policy, 0)).await.remaining, 5);
+        // Refunding a bucket that was never stored is a no-op.
+        backend
+            .refund(&[Refund {
+                bucket: key(2),
+                policy,
+                cost: 4,
+                booked_at_ms: NOW,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(backend.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn expired_buckets_restart_and_get_swept() {
+        let (backend, clock) = backend(100_000);
+        let policy = Policy::fixed_window(1, Unit::Second);
+        for i in 0..1000 {
+            assert!(one(&backend, charge(i, policy, 1)).await.allowed);
+        }
+        assert!(!one(&backend, charge(0, policy, 1)).await.allowed);
+        assert_eq!(backend.len(), 1000);
+
+        clock.advance(1000);
+        assert!(
+            one(&backend, charge(0, policy, 1)).await.allowed,
+            "lazy restart"
+        );
+        // Each insert sweeps four slots: by 3000 new buckets the cursors passed every old one.
+        for i in 1000..4000 {
+            one(&backend, charge(i, policy, 1)).await;
+        }
+        assert_eq!(
+            backend.len(),
+            3001,
+            "only the new buckets and the restarted one stay"
+        );
+        assert_eq!(backend.evictions(), 0);
+    }
+
+    #[tokio::test]
+    async fn cap_evicts_live_buckets_and_counts_them() {
+        let (backend, clock) = backend(640);
+        let policy = Policy::fixed_window(1, Unit::Minute);
+        for i in 0..640 {
+            one(&backend, charge(i, policy, 1)).await;
+        }
+        // Shards fill unevenly, so a few evictions may already have happened.
+        let early = backend.evictions();
+        for i in 640..10_000 {
+            one(&backend, charge(i, policy, 1)).await;
+            assert!(backend.len() <= 640);
+        }
+        assert_eq!(backend.len(), 640, "every shard runs full");
+        assert_eq!(backend.evictions(), 10_000 - 640);
+        assert!(early < 640);
+
+        // Once everything has expired, making room drops expired state first: a few new
+        // buckets (far fewer than a shard's share) evict nothing live.
+        clock.advance(60_000);
+        let before = backend.evictions();
+        for i in 10_000..10_064 {
+            one(&backend, charge(i, policy, 1)).await;
+        }
+        assert_eq!(backend.evictions(), before);
+        assert!(backend.len() < 640);
+    }
+
+    #[tokio::test]
+    async fn eviction_prefers_buckets_closest_to_expiry() {
+        let (backend, _) = backend(64);
+        let short = Policy::fixed_window(1, Unit::Second);
+        let long = Policy::fixed_window(1, Unit::Day);
+        // Fill every shard's single slot with day-long buckets, then flood with second-long
+        // ones: each new short bucket must lose against its day-long neighbour.
+        let mut day_keys = 0;
+        while backend.len() < 64 {
+            one(&backend, charge(day_keys, long, 1)).await;
+            day_keys += 1;
+        }
+        for j in 0..200 {
+            one(&backend, charge(1_000_000 + j, short, 1)).await;
+        }
+        assert_eq!(backend.len(), 64);
+        assert_eq!(backend.evictions(), day_keys - 64 + 200);
+        let mut held = 0;
+        for k in 0..day_keys {
+            // A peek on a held day-long bucket (L = 1, booked) is denied.
+            if !one(&backend, charge(k, long, 0)).await.allowed {
+                held += 1;
+            }
+        }
+        assert!(
+            held >= 60,
+            "only {held} day-long buckets survived the flood"
+        );
+    }
+
+    #[tokio::test]
+    async fn lockout_state_is_kept_even_without_a_booking() {
+        let (backend, clock) = backend(1000);
+        let mut policy = Policy::fixed_window(2, Unit::Second);
+        policy.lockout = Some(Duration::from_secs(60));
+        assert!(!one(&backend, charge(1, policy, 3)).await.allowed);
+        let o = one(&backend, charge(1, policy, 1)).await;
+        assert!(!o.allowed);
+        assert_eq!(o.reset_ms, 60_000);
+        clock.advance(60_000);
+        assert!(one(&backend, charge(1, policy, 1)).await.allowed);
+    }
+
+    #[tokio::test]
+    async fn consume_and_every_algorithm_run_through_the_backend() {
+        let (backend, _) = backend(1000);
+        for (i, algorithm) in [
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut policy = Policy::fixed_window(3, Unit::Minute);
+            policy.algorithm = algorithm;
+            let i = i as u64;
+            assert!(one(&backend, charge(i, policy, 3)).await.allowed);
+            let o = one(&backend, charge(i, policy, 1)).await;
+            assert!(!o.allowed && !o.booked, "{algorithm}");
+            if algorithm != Algorithm::SlidingLog {
+                policy.on_over_limit = OnOverLimit::Consume;
+                let o = one(&backend, charge(i, policy, 1)).await;
+                assert!(!o.allowed && o.booked, "{algorithm}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn clock_going_backwards_is_harmless() {
+        let (backend, clock) = backend(1000);
+        let policy = Policy::fixed_window(2, Unit::Second);
+        one(&backend, charge(1, policy, 1)).await;
+        clock.set(NOW - 3_600_000);
+        let o = one(&backend, charge(1, policy, 1)).await;
+        assert!(o.allowed);
+        assert!(!one(&backend, charge(1, policy, 1)).await.allowed);
+        clock.set(i64::MIN);
+        one(&backend, charge(2, policy, u64::MAX)).await;
+        one(&backend, charge(2, policy, 1)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_tasks_on_one_bucket_admit_exactly_the_limit() {
+        let (backend, _) = backend(1000);
+        let backend = Arc::new(backend);
+        let policy = Policy::fixed_window(100, Unit::Minute);
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    let mut admitted = 0;
+                    for _ in 0..25 {
+                        if one(&backend, charge(7, policy, 1)).await.allowed {
+                            admitted += 1;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.unwrap();
+        }
+        assert_eq!(admitted, 100);
+    }
+
+    #[test]
+    fn system_clock_reads_the_epoch() {
+        // After 2020-01-01 and before 2200: a sanity check that it is ms since the epoch.
+        let now = SystemClock.now_ms();
+        assert!((1_577_836_800_000..7_258_118_400_000).contains(&now));
+    }
+}

@@ -1,0 +1,462 @@
+//! The command line (SPEC 1.1): `serve` (the default), `check-config DIR`, `--version`.
+//!
+//! Every `serve` flag can also come from a `FLOODGATE_*` environment variable, so the same
+//! binary is configured by flags locally and by the environment in Kubernetes. Parsing goes
+//! through [`Cli::try_parse_from`], so tests hand in arguments and never touch the process
+//! environment of other tests. Defaults are named constants beside the flags that use them.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::backend::BackendSettings;
+pub use crate::headers::HeaderMode as ResponseHeaders;
+pub use crate::limiter::FailureMode;
+use crate::limiter::LimiterOptions;
+use crate::server::Settings;
+pub use crate::telemetry::LogFormat;
+
+/// `--version` output: the crate version and the git revision it was built from
+/// (`unknown` when built outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("FLOODGATE_GIT_SHA"),
+    ")"
+);
+
+/// Default directory of domain files.
+pub const DEFAULT_CONFIG_DIR: &str = "config";
+/// Default gRPC listen address (RateLimitService and gRPC health).
+pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:8081";
+/// Default admin HTTP listen address.
+pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
+/// Default Redis URL: a local single node.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default connections per Redis pool.
+pub const DEFAULT_REDIS_POOL_SIZE: u32 = 16;
+/// Default bound on one backend call, in ms; Envoy's own default timeout is 20 ms higher up.
+pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 100;
+/// Default size of the local over-limit cache.
+pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
+/// Default prefix of every backend key.
+pub const DEFAULT_KEY_PREFIX: &str = "fg";
+/// Default cap on live buckets in the memory backend.
+pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = 1_000_000;
+/// Default time in-flight calls get to finish after shutdown starts, in ms.
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
+/// Default pause between reporting NOT_SERVING and closing the listeners, in ms.
+pub const DEFAULT_HEALTH_GRACE_MS: u64 = 2_000;
+
+/// `floodgate [serve flags] | floodgate serve [flags] | floodgate check-config DIR`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "floodgate",
+    version = VERSION,
+    about = "Global rate-limit service for Envoy and Istio",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// What to run; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `serve` flags given without the subcommand name.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+impl Cli {
+    /// The command to run, with `serve` standing in for a missing subcommand.
+    pub fn into_command(self) -> Command {
+        self.command.unwrap_or(Command::Serve(self.serve))
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the rate-limit service (the default).
+    Serve(ServeArgs),
+    /// Load and validate every domain file in DIR; print every error; exit 1 if any.
+    CheckConfig {
+        /// Directory of `*.yaml` / `*.yml` domain files.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+/// Settings of the running service (SPEC 1.1).
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Directory of YAML domain files.
+    #[arg(long, env = "FLOODGATE_CONFIG", value_name = "DIR", default_value = DEFAULT_CONFIG_DIR)]
+    pub config: PathBuf,
+    /// gRPC listen address (RateLimitService and gRPC health); port 0 picks a free port.
+    #[arg(long, env = "FLOODGATE_GRPC_ADDR", value_name = "ADDR", default_value = DEFAULT_GRPC_ADDR)]
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP listen address; port 0 picks a free port.
+    #[arg(long, env = "FLOODGATE_HTTP_ADDR", value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR)]
+    pub http_addr: SocketAddr,
+    /// Where bucket state lives.
+    #[arg(long, env = "FLOODGATE_BACKEND", value_enum, default_value_t = BackendKind::Memory)]
+    pub backend: BackendKind,
+    /// Redis URL(s), comma-separated: one node for `redis`, seed nodes for `redis-cluster`.
+    /// `rediss://` for TLS; user and password go in the URL.
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS_URL",
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        default_value = DEFAULT_REDIS_URL,
+        hide_env_values = true
+    )]
+    pub redis_url: Vec<RedisUrl>,
+    /// Connections per Redis pool.
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS_POOL_SIZE",
+        value_name = "N",
+        default_value_t = DEFAULT_REDIS_POOL_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub redis_pool_size: u32,
+    /// Bound on one backend call, in milliseconds.
+    #[arg(
+        long,
+        env = "FLOODGATE_BACKEND_TIMEOUT_MS",
+        value_name = "MS",
+        default_value_t = DEFAULT_BACKEND_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub backend_timeout_ms: u64,
+    /// Answer when the backend fails: `error` (UNAVAILABLE), `allow` or `deny`.
+    #[arg(long, env = "FLOODGATE_FAILURE_MODE", value_enum, default_value_t = FailureMode::Error)]
+    pub failure_mode: FailureMode,
+    /// Rate-limit headers added to responses.
+    #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS", value_enum, default_value_t = ResponseHeaders::Off)]
+    pub response_headers: ResponseHeaders,
+    /// Entries of the local over-limit cache; 0 disables it.
+    #[arg(long, env = "FLOODGATE_LOCAL_CACHE_ENTRIES", value_name = "N", default_value_t = DEFAULT_LOCAL_CACHE_ENTRIES)]
+    pub local_cache_entries: usize,
+    /// Evaluate every limit but force the overall code to OK.
+    #[arg(long, env = "FLOODGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Log line format; the level comes from `RUST_LOG`.
+    #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Prefix of every backend key, to share a Redis between deployments.
+    #[arg(long, env = "FLOODGATE_KEY_PREFIX", value_name = "STR", default_value = DEFAULT_KEY_PREFIX)]
+    pub key_prefix: String,
+    /// Cap on live buckets in the memory backend.
+    #[arg(
+        long,
+        env = "FLOODGATE_MEMORY_MAX_BUCKETS",
+        value_name = "N",
+        default_value_t = DEFAULT_MEMORY_MAX_BUCKETS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    pub memory_max_buckets: usize,
+    /// Time in-flight calls get to finish after shutdown starts, in milliseconds.
+    #[arg(long, env = "FLOODGATE_DRAIN_TIMEOUT_MS", value_name = "MS", default_value_t = DEFAULT_DRAIN_TIMEOUT_MS)]
+    pub drain_timeout_ms: u64,
+    /// Pause between reporting NOT_SERVING and closing the listeners, in milliseconds, so
+    /// Envoy stops sending before the port closes.
+    #[arg(long, env = "FLOODGATE_HEALTH_GRACE_MS", value_name = "MS", default_value_t = DEFAULT_HEALTH_GRACE_MS)]
+    pub health_grace_ms: u64,
+}
+
+impl ServeArgs {
+    /// The server settings these flags describe.
+    pub fn settings(&self) -> Settings {
+        let timeout = Duration::from_millis(self.backend_timeout_ms);
+        let key_prefix = self.key_prefix.clone();
+        let backend = match self.backend {
+            BackendKind::Memory => BackendSettings::Memory {
+                max_buckets: self.memory_max_buckets,
+            },
+            BackendKind::Redis => BackendSettings::Redis {
+                url: self
+                    .redis_url
+                    .first()
+                    .map(|url| url.as_str().to_owned())
+                    .unwrap_or_default(),
+                pool_size: self.redis_pool_size,
+                key_prefix,
+                timeout,
+            },
+            BackendKind::RedisCluster => BackendSettings::Cluster {
+                urls: self
+                    .redis_url
+                    .iter()
+                    .map(|url| url.as_str().to_owned())
+                    .collect(),
+                key_prefix,
+                timeout,
+            },
+        };
+        Settings {
+            config_dir: self.config.clone(),
+            grpc_addr: self.grpc_addr.to_string(),
+            http_addr: self.http_addr.to_string(),
+            backend,
+            limiter: LimiterOptions {
+                backend_timeout: timeout,
+                failure_mode: self.failure_mode,
+                shadow_mode: self.shadow_mode,
+                local_cache_entries: self.local_cache_entries,
+            },
+            header_mode: self.response_headers,
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            shutdown_grace: Duration::from_millis(self.health_grace_ms),
+        }
+    }
+}
+
+/// Where bucket state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// In-process; for tests and single replicas.
+    Memory,
+    /// One Redis node.
+    Redis,
+    /// A Redis Cluster, reached through seed nodes.
+    RedisCluster,
+}
+
+/// A Redis URL whose password never reaches `Debug` or `Display`.
+///
+/// The effective settings are logged at startup; the URL is only exposed, unredacted,
+/// through [`RedisUrl::as_str`] for the client that connects.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL as given, secrets included: only for connecting.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with the password (or a lone userinfo) and password query values masked.
+    pub fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+            return url.clone();
+        };
+        let rest = &url[scheme_end..];
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let mut out = url[..scheme_end].to_owned();
+        match authority.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                match userinfo.split_once(':') {
+                    Some((user, _password)) => out.push_str(&format!("{user}:***")),
+                    None => out.push_str("***"),
+                }
+                out.push('@');
+                out.push_str(host);
+            }
+            None => out.push_str(authority),
+        }
+        out.push_str(&redact_query(tail));
+        out
+    }
+}
+
+/// Masks the values of query parameters that carry a password.
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _)) if name.to_ascii_lowercase().contains("pass") => format!("{name}=***"),
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", params.join("&"))
+}
+
+impl FromStr for RedisUrl {
+    type Err = String;
+
+    fn from_str(url: &str) -> Result<RedisUrl, String> {
+        const SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
+        let url = url.trim();
+        if SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
+            Ok(RedisUrl(url.to_owned()))
+        } else {
+            let shown = RedisUrl(url.to_owned()).redacted();
+            Err(format!(
+                "`{shown}` is not a Redis URL: expected one of {}",
+                SCHEMES.join(", ")
+            ))
+        }
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisUrl({:?})", self.redacted())
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Command {
+        let argv = std::iter::once("floodgate").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_command()
+    }
+
+    fn serve(args: &[&str]) -> ServeArgs {
+        match parse(args) {
+            Command::Serve(args) => args,
+            other => panic!("expected serve, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_subcommand_means_serve_with_spec_defaults() {
+        let args = serve(&[]);
+        assert_eq!(args.config, PathBuf::from("config"));
+        assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.http_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(args.backend, BackendKind::Memory);
+        assert_eq!(args.redis_url, ["redis://127.0.0.1:6379".parse().unwrap()]);
+        assert_eq!(args.redis_pool_size, 16);
+        assert_eq!(args.backend_timeout_ms, 100);
+        assert_eq!(args.failure_mode, FailureMode::Error);
+        assert_eq!(args.response_headers, ResponseHeaders::Off);
+        assert_eq!(args.local_cache_entries, 10_000);
+        assert!(!args.shadow_mode);
+        assert_eq!(args.log_format, LogFormat::Text);
+        assert_eq!(args.key_prefix, "fg");
+        assert_eq!(args.memory_max_buckets, 1_000_000);
+        assert_eq!(args.drain_timeout_ms, 10_000);
+        assert_eq!(args.health_grace_ms, 2_000);
+    }
+
+    #[test]
+    fn serve_flags_parse_with_or_without_the_subcommand() {
+        let flags = [
+            "--backend",
+            "redis-cluster",
+            "--redis-url",
+            "redis://a:7000,rediss://b:7001",
+            "--failure-mode",
+            "deny",
+            "--response-headers",
+            "ietf",
+            "--shadow-mode",
+            "--log-format",
+            "json",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ];
+        let bare = serve(&flags);
+        let with_serve = serve(&[&["serve"][..], &flags[..]].concat());
+        for args in [bare, with_serve] {
+            assert_eq!(args.backend, BackendKind::RedisCluster);
+            let urls: Vec<_> = args.redis_url.iter().map(RedisUrl::as_str).collect();
+            assert_eq!(urls, ["redis://a:7000", "rediss://b:7001"]);
+            assert_eq!(args.failure_mode, FailureMode::Deny);
+            assert_eq!(args.response_headers, ResponseHeaders::Ietf);
+            assert!(args.shadow_mode);
+            assert_eq!(args.log_format, LogFormat::Json);
+            assert_eq!(args.grpc_addr.port(), 0);
+        }
+    }
+
+    #[test]
+    fn check_config_takes_a_directory() {
+        match parse(&["check-config", "some/dir"]) {
+            Command::CheckConfig { dir } => assert_eq!(dir, PathBuf::from("some/dir")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        for args in [
+            &["--backend", "etcd"][..],
+            &["--redis-url", "http://x"],
+            &["--grpc-addr", "nowhere"],
+            &["--redis-pool-size", "0"],
+            &["--backend-timeout-ms", "0"],
+            &["--memory-max-buckets", "0"],
+            &["check-config"],
+            &["--config", "x", "check-config", "y"],
+        ] {
+            let argv = std::iter::once("floodgate").chain(args.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn every_serve_flag_has_its_env_var() {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve").unwrap();
+        let flags: Vec<_> = serve
+            .get_arguments()
+            .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
+            .collect();
+        assert_eq!(flags.len(), 16);
+        for arg in flags {
+            let long = arg.get_long().unwrap();
+            let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));
+            let env = arg.get_env().and_then(|env| env.to_str());
+            assert_eq!(env, Some(expected.as_str()), "--{long}");
+        }
+    }
+
+    #[test]
+    fn redis_passwords_never_reach_debug_or_display() {
+        let cases = [
+            (
+                "redis://user:s3cret@host:6379/0",
+                "redis://user:***@host:6379/0",
+            ),
+            ("rediss://:s3cret@host", "rediss://:***@host"),
+            ("redis://s3cret@host", "redis://***@host"),
+            (
+                "redis://host:6379?password=s3cret&db=1",
+                "redis://host:6379?password=***&db=1",
+            ),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+        ];
+        for (url, shown) in cases {
+            let url: RedisUrl = url.parse().unwrap();
+            assert_eq!(url.to_string(), shown);
+            assert!(!format!("{url:?}").contains("s3cret"));
+        }
+        let args = serve(&["--redis-url", "redis://u:s3cret@h:1,redis://u:s3cret@h:2"]);
+        let debug = format!("{args:?}");
+        assert!(
+            !debug.contains("s3cret") && debug.contains("u:***@h:2"),
+            "{debug}"
+        );
+        let err = "http://u:s3cret@h".parse::<RedisUrl>().unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}

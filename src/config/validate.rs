@@ -1,0 +1,940 @@
+//! Raw model -> validated [`DomainRules`], collecting every error with its document path.
+//!
+//! The checks mirror envoyproxy/ratelimit's loader (empty key, duplicate composite keys, unit
+//! rules, `replaces` rules) and add floodgate's: extensions must make sense for the algorithm,
+//! and every policy must stay exact in the Lua scripts. Validation never stops at the first
+//! problem: an operator fixing a file sees all of them at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ConfigError;
+use super::located::{DocPath, Located};
+use super::model::{RawDescriptor, RawDomain, RawRateLimit};
+use crate::matcher::{DescriptorRule, DomainRules};
+use crate::rules::{Algorithm, Limit, MAX_EXACT_INTEGER, OnOverLimit, Policy, Rule, Unit};
+
+/// The largest `requests_per_unit` of a `sliding_log` rule: the log holds one entry per
+/// admitted request, so its size (memory and script time per call) must stay bounded.
+pub const SLIDING_LOG_MAX_REQUESTS: u32 = 10_000;
+
+const UNITS: &str = "second, minute, hour, day, week, month, year";
+const ALGORITHMS: &str =
+    "fixed_window, token_bucket, gcra, leaky_bucket, sliding_window, sliding_log";
+
+/// Validates one parsed file. `located` supplies the line of each error's path.
+///
+/// # Errors
+/// Every problem found in the file, in document order.
+pub fn domain(
+    file: &str,
+    raw: RawDomain,
+    located: &Located,
+) -> Result<DomainRules, Vec<ConfigError>> {
+    let mut v = Validator {
+        file,
+        located,
+        domain: String::new(),
+        errors: Vec::new(),
+    };
+    let root = DocPath::default();
+    match raw.domain {
+        None => v.error(
+            &root.key("domain"),
+            "missing `domain`: every file names the domain its rules apply to",
+        ),
+        Some(domain) if domain.trim().is_empty() => {
+            v.error(&root.key("domain"), "`domain` must not be empty");
+        }
+        Some(domain) => v.domain = domain,
+    }
+    let descriptors = v.level(
+        raw.descriptors.unwrap_or_default(),
+        &root.key("descriptors"),
+        "",
+    );
+    if v.errors.is_empty() {
+        Ok(DomainRules {
+            domain: v.domain,
+            descriptors,
+        })
+    } else {
+        Err(v.errors)
+    }
+}
+
+struct Validator<'a> {
+    file: &'a str,
+    located: &'a Located,
+    domain: String,
+    errors: Vec<ConfigError>,
+}
+
+impl Validator<'_> {
+    fn error(&mut self, path: &DocPath, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            line: self.located.line(path),
+            path: path.to_string(),
+            message: message.into(),
+        });
+    }
+
+    /// One level of siblings. `parent` is the rule path of the enclosing node.
+    fn level(
+        &mut self,
+        raws: Vec<RawDescriptor>,
+        path: &DocPath,
+        parent: &str,
+    ) -> Vec<DescriptorRule> {
+        // Composite key (`key` or `key_value`, as the reference builds it) -> first index.
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut level = Vec::with_capacity(raws.len());
+        for (index, raw) in raws.into_iter().enumerate() {
+            let here = path.index(index);
+            let key = match raw.key.as_deref() {
+                None => {
+                    self.error(&here, "descriptor has no `key`");
+                    ""
+                }
+                Some("") => {
+                    self.error(&here.key("key"), "`key` must not be empty");
+                    ""
+                }
+                Some(key) => key,
+            };
+            // As in the reference, an empty value is no value: the key-only default node.
+            let value = raw.value.as_deref().filter(|value| !value.is_empty());
+            let composite = match value {
+                Some(value) => format!("{key}_{value}"),
+                None => key.to_owned(),
+            };
+            if !key.is_empty() {
+                if let Some(&first) = seen.get(&composite) {
+                    let first_path = path.index(first);
+                    let at = match self.located.line(&first_path) {
+                        Some(line) => format!("{first_path} (line {line})"),
+                        None => first_path.to_string(),
+                    };
+                    self.error(
+                        &here,
+                        format!("duplicate descriptor `{composite}`: {at} already defines it"),
+                    );
+                } else {
+                    seen.insert(composite.clone(), index);
+                }
+            }
+            let rule_path = if parent.is_empty() {
+                composite
+            } else {
+                format!("{parent}.{composite}")
+            };
+            level.push(self.descriptor(raw, &here, &rule_path));
+        }
+        level
+    }
+
+    fn descriptor(
+        &mut self,
+        raw: RawDescriptor,
+        path: &DocPath,
+        rule_path: &str,
+    ) -> DescriptorRule {
+        let value = raw.value.filter(|value| !value.is_empty());
+        let wildcard = value.as_deref().is_some_and(|value| value.contains('*'));
+        if raw.share_threshold && !wildcard {
+            self.error(
+                &path.key("share_threshold"),
+                "`share_threshold` needs a wildcard `value` (one containing `*`): it makes every \
+                 value matching the pattern share one bucket",
+            );
+        }
+        let mut rule = None;
+        if let Some(rate_limit) = raw.rate_limit {
+            let rl_path = path.key("rate_limit");
+            let limit = self.limit(&rate_limit, &rl_path);
+            let name = rate_limit.name.clone().filter(|name| !name.is_empty());
+            let replaces = self.replaces(&rate_limit, name.as_deref(), &rl_path);
+            rule = limit.map(|limit| {
+                Arc::new(Rule {
+                    domain: self.domain.clone(),
+                    path: rule_path.to_owned(),
+                    name,
+                    replaces,
+                    limit,
+                    shadow_mode: raw.shadow_mode,
+                    quota_mode: raw.quota_mode || rate_limit.quota_mode,
+                    detailed_metric: raw.detailed_metric,
+                    value_to_metric: raw.value_to_metric,
+                })
+            });
+        }
+        let children = self.level(
+            raw.descriptors.unwrap_or_default(),
+            &path.key("descriptors"),
+            rule_path,
+        );
+        DescriptorRule {
+            key: raw.key.unwrap_or_default(),
+            value,
+            share_threshold: raw.share_threshold,
+            rule,
+            children,
+        }
+    }
+
+    fn replaces(
+        &mut self,
+        rate_limit: &RawRateLimit,
+        own_name: Option<&str>,
+        path: &DocPath,
+    ) -> Vec<String> {
+        let mut names = Vec::new();
+        for (index, entry) in rate_limit.replaces.iter().flatten().enumerate() {
+            let here = path.key("replaces").index(index);
+            match entry.name.as_deref() {
+                None | Some("") => {
+                    self.error(
+                        &here.key("name"),
+                        "`replaces` entry needs a non-empty `name`",
+                    );
+                }
+                Some(name) if Some(name) == own_name => self.error(
+                    &here.key("name"),
+                    format!("`replaces` names this rule's own name `{name}`"),
+                ),
+                Some(name) => names.push(name.to_owned()),
+            }
+        }
+        names
+    }
+
+    /// The limit of one `rate_limit`, or `None` after recording why it is invalid.
+    fn limit(&mut self, rl: &RawRateLimit, path: &DocPath) -> Option<Limit> {
+        let before = self.errors.len();
+        if rl.unlimited {
+            if rl.unit.is_some() {
+                self.error(
+                    &path.key("unit"),
+                    "`unit` together with `unlimited: true`: an unlimited rule has no window; \
+                     remove one of them",
+                );
+            }
+            let extensions = [
+                ("algorithm", rl.algorithm.is_some()),
+                ("burst", rl.burst.is_some()),
+                ("unit_multiplier", rl.unit_multiplier.is_some()),
+                ("on_over_limit", rl.on_over_limit.is_some()),
+                ("lockout_seconds", rl.lockout_seconds.is_some()),
+            ];
+            for (field, _) in extensions.iter().filter(|(_, set)| *set) {
+                self.error(
+                    &path.key(field),
+                    format!("`{field}` has no effect with `unlimited: true`; remove it"),
+                );
+            }
+            return (self.errors.len() == before).then_some(Limit::Unlimited);
+        }
+
+        let unit = match rl.unit.as_deref() {
+            None => {
+                self.error(
+                    &path.key("unit"),
+                    format!(
+                        "missing `unit` on a limited rule; expected one of: {UNITS} \
+                         (or set `unlimited: true`)"
+                    ),
+                );
+                None
+            }
+            Some(name) => Unit::parse(name).or_else(|| {
+                let message = format!("unknown unit `{name}`; expected one of: {UNITS}");
+                self.error(&path.key("unit"), message);
+                None
+            }),
+        };
+        let algorithm = match rl.algorithm.as_deref() {
+            None => Some(Algorithm::FixedWindow),
+            Some(name) => Algorithm::parse(name).or_else(|| {
+                let message = format!("unknown algorithm `{name}`; expected one of: {ALGORITHMS}");
+                self.error(&path.key("algorithm"), message);
+                None
+            }),
+        };
+        // Absent means 0, as in the reference: the rule always denies.
+        let requests_per_unit = rl.requests_per_unit.unwrap_or(0);
+        let burst = match rl.burst {
+            None => requests_per_unit,
+            Some(0) => {
+                self.error(&path.key("burst"), "`burst` must be at least 1");
+                0
+            }
+            Some(burst) => {
+                if let Some(other) = algorithm.filter(|a| *a != Algorithm::TokenBucket) {
+                    self.error(
+                        &path.key("burst"),
+                        format!(
+                            "`burst` only applies to algorithm token_bucket (or its aliases gcra, \
+                             leaky_bucket); this rule uses {other}"
+                        ),
+                    );
+                }
+                burst
+            }
+        };
+        let unit_multiplier = match rl.unit_multiplier {
+            None => 1,
+            Some(0) => {
+                self.error(
+                    &path.key("unit_multiplier"),
+                    "`unit_multiplier` must be at least 1",
+                );
+                1
+            }
+            Some(multiplier) => multiplier,
+        };
+        let on_over_limit = match rl.on_over_limit.as_deref() {
+            None => OnOverLimit::Reject,
+            Some(mode) if mode.eq_ignore_ascii_case("reject") => OnOverLimit::Reject,
+            Some(mode) if mode.eq_ignore_ascii_case("consume") => OnOverLimit::Consume,
+            Some(mode) => {
+                self.error(
+                    &path.key("on_over_limit"),
+                    format!("unknown on_over_limit `{mode}`; expected one of: reject, consume"),
+                );
+                OnOverLimit::Reject
+            }
+        };
+        let lockout = match rl.lockout_seconds {
+            None => None,
+            Some(0) => {
+                self.error(
+                    &path.key("lockout_seconds"),
+                    "`lockout_seconds` must be at least 1 (omit it for no lockout)",
+                );
+                None
+            }
+            Some(seconds) => Some(Duration::from_secs(u64::from(seconds))),
+        };
+        if algorithm == Some(Algorithm::SlidingLog) {
+            if on_over_limit == OnOverLimit::Consume {
+                self.error(
+                    &path.key("on_over_limit"),
+                    "`on_over_limit: consume` is not supported with algorithm sliding_log: its \
+                     exact log records admitted requests only",
+                );
+            }
+            if requests_per_unit > SLIDING_LOG_MAX_REQUESTS {
+                self.error(
+                    &path.key("requests_per_unit"),
+                    format!(
+                        "sliding_log keeps one entry per request, so requests_per_unit is capped \
+                         at {SLIDING_LOG_MAX_REQUESTS} (got {requests_per_unit}); use \
+                         sliding_window for larger limits"
+                    ),
+                );
+            }
+        }
+
+        let (Some(unit), Some(algorithm)) = (unit, algorithm) else {
+            return None;
+        };
+        // Checked here because `Policy::window_ms` would overflow u64 for huge multipliers.
+        let window_fits = unit
+            .millis()
+            .checked_mul(u64::from(unit_multiplier))
+            .is_some_and(|window| window <= MAX_EXACT_INTEGER);
+        if !window_fits {
+            self.error(
+                &path.key("unit_multiplier"),
+                format!(
+                    "a window of {unit_multiplier} x {unit} exceeds 2^53 ms, the largest value \
+                     the Lua scripts compute exactly"
+                ),
+            );
+            return None;
+        }
+        let policy = Policy {
+            algorithm,
+            unit,
+            unit_multiplier,
+            requests_per_unit,
+            burst,
+            on_over_limit,
+            lockout,
+        };
+        if let Err(message) = policy.check_exact_bounds() {
+            self.error(path, message);
+        }
+        (self.errors.len() == before).then_some(Limit::Limited(policy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ConfigError, parse_domain};
+    use crate::matcher::DescriptorRule;
+    use crate::rules::{Algorithm, Limit, OnOverLimit, Unit};
+
+    fn errors(yaml: &str) -> Vec<ConfigError> {
+        match parse_domain("t.yaml", yaml) {
+            Ok(rules) => panic!("expected errors, loaded {rules:?}"),
+            Err(errors) => errors,
+        }
+    }
+
+    /// Asserts that `yaml` fails with exactly one error, at `line` and `path`, whose message
+    /// contains `needle`.
+    fn rejects(yaml: &str, line: usize, path: &str, needle: &str) {
+        let errors = errors(yaml);
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        let error = &errors[0];
+        assert_eq!(
+            (error.file.as_str(), error.line, error.path.as_str()),
+            ("t.yaml", Some(line), path),
+            "{error}"
+        );
+        assert!(error.message.contains(needle), "{error}");
+    }
+
+    /// One limited descriptor with the given `rate_limit` body lines (6-space indented).
+    fn limited(body: &str) -> String {
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{body}")
+    }
+
+    fn load(yaml: &str) -> crate::matcher::DomainRules {
+        parse_domain("t.yaml", yaml).unwrap_or_else(|e| panic!("{e:#?}"))
+    }
+
+    #[test]
+    fn yaml_syntax_errors_carry_their_line() {
+        let errors = errors("domain: d\ndescriptors:\n  - key: a\n   value: b\n");
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert_eq!(errors[0].line, Some(4), "{}", errors[0]);
+        assert_eq!(errors[0].path, "");
+        assert!(
+            !errors[0].message.contains(" at line 4 column"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_all_reported_with_hints() {
+        let yaml = limited("      uint: second\n      requests_per_unit: 1\n      brust: 3\n");
+        let errors = errors(&yaml);
+        let found: Vec<_> = errors.iter().map(|e| (e.line, e.path.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (Some(5), "descriptors[0].rate_limit.uint"),
+                (Some(7), "descriptors[0].rate_limit.brust"),
+            ]
+        );
+        assert!(
+            errors[0].message.contains("did you mean `unit`?"),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[1].message.contains("did you mean `burst`?"),
+            "{}",
+            errors[1]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_at_the_root_and_in_replaces() {
+        rejects(
+            "domain: d\ndescriptor: []\n",
+            2,
+            "descriptor",
+            "unknown key",
+        );
+        let yaml = limited("      unit: second\n      replaces:\n        - nme: other\n");
+        rejects(
+            &yaml,
+            7,
+            "descriptors[0].rate_limit.replaces[0].nme",
+            "`name`",
+        );
+    }
+
+    #[test]
+    fn wrong_types_name_path_and_line() {
+        let yaml = limited("      unit: second\n      requests_per_unit: ten\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "invalid type",
+        );
+        rejects(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: 5\n",
+            4,
+            "descriptors[0].rate_limit",
+            "expected a rate_limit mapping",
+        );
+        rejects(
+            "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n",
+            4,
+            "descriptors[0].shadow_mode",
+            "expected a boolean",
+        );
+    }
+
+    #[test]
+    fn repeated_keys_in_one_mapping() {
+        rejects(
+            "domain: d\ndescriptors:\n  - key: a\n    value: x\n    key: b\n",
+            5,
+            "descriptors[0].key",
+            "duplicate key `key` (first on line 3)",
+        );
+    }
+
+    #[test]
+    fn more_than_one_document() {
+        let errors = errors("domain: a\n---\ndomain: b\n");
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(
+            errors[0].message.contains("more than one document"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn empty_file_is_rejected() {
+        let errors = errors("# nothing here\n");
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].message.contains("file is empty"), "{}", errors[0]);
+    }
+
+    #[test]
+    fn duplicate_key_value_at_one_level() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: other\n  - key: k\n    value: v\n";
+        rejects(
+            yaml,
+            6,
+            "descriptors[2]",
+            "duplicate descriptor `k_v`: descriptors[0] (line 3) already defines it",
+        );
+    }
+
+    #[test]
+    fn duplicate_key_only_nodes_and_empty_value() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n  - key: k\n    value: \"\"\n";
+        rejects(yaml, 4, "descriptors[1]", "duplicate descriptor `k`");
+        let nested = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n      - key: b\n";
+        rejects(nested, 6, "descriptors[0].descriptors[1]", "`b`");
+    }
+
+    #[test]
+    fn composite_keys_clash_as_in_the_reference() {
+        let yaml = "domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n";
+        rejects(yaml, 4, "descriptors[1]", "duplicate descriptor `a_b`");
+    }
+
+    #[test]
+    fn same_key_at_different_levels_or_values_is_fine() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: a\n  - key: k\n    value: b\n  - key: k\n    descriptors:\n      - key: k\n";
+        assert_eq!(load(yaml).descriptors.len(), 3);
+    }
+
+    #[test]
+    fn bad_unit() {
+        let yaml = limited("      unit: fortnight\n      requests_per_unit: 1\n");
+        rejects(
+            &yaml,
+            5,
+            "descriptors[0].rate_limit.unit",
+            "unknown unit `fortnight`; expected one of: second, minute",
+        );
+    }
+
+    #[test]
+    fn missing_unit_on_a_limited_rule() {
+        let yaml = limited("      requests_per_unit: 1\n");
+        rejects(
+            &yaml,
+            4,
+            "descriptors[0].rate_limit.unit",
+            "missing `unit` on a limited rule",
+        );
+    }
+
+    #[test]
+    fn unlimited_with_a_unit() {
+        let yaml = limited("      unlimited: true\n      unit: second\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.unit",
+            "`unit` together with `unlimited: true`",
+        );
+    }
+
+    #[test]
+    fn extensions_on_an_unlimited_rule() {
+        let yaml = limited("      unlimited: true\n      lockout_seconds: 5\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.lockout_seconds",
+            "no effect with `unlimited: true`",
+        );
+    }
+
+    #[test]
+    fn burst_below_one() {
+        let yaml = limited("      unit: second\n      algorithm: token_bucket\n      burst: 0\n");
+        rejects(
+            &yaml,
+            7,
+            "descriptors[0].rate_limit.burst",
+            "`burst` must be at least 1",
+        );
+    }
+
+    #[test]
+    fn burst_on_another_algorithm() {
+        let yaml = limited("      unit: second\n      requests_per_unit: 5\n      burst: 10\n");
+        rejects(
+            &yaml,
+            7,
+            "descriptors[0].rate_limit.burst",
+            "only applies to algorithm token_bucket",
+        );
+    }
+
+    #[test]
+    fn unit_multiplier_below_one() {
+        let yaml = limited("      unit: second\n      unit_multiplier: 0\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.unit_multiplier",
+            "at least 1",
+        );
+    }
+
+    #[test]
+    fn unknown_algorithm() {
+        let yaml = limited("      unit: second\n      algorithm: leaky\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.algorithm",
+            "unknown algorithm `leaky`; expected one of: fixed_window, token_bucket",
+        );
+    }
+
+    #[test]
+    fn unknown_on_over_limit() {
+        let yaml = limited("      unit: second\n      on_over_limit: drop\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.on_over_limit",
+            "unknown on_over_limit `drop`; expected one of: reject, consume",
+        );
+    }
+
+    #[test]
+    fn lockout_below_one() {
+        let yaml = limited("      unit: second\n      lockout_seconds: 0\n");
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.lockout_seconds",
+            "at least 1",
+        );
+    }
+
+    #[test]
+    fn sliding_log_with_consume() {
+        let yaml = limited(
+            "      unit: second\n      algorithm: sliding_log\n      on_over_limit: consume\n",
+        );
+        rejects(
+            &yaml,
+            7,
+            "descriptors[0].rate_limit.on_over_limit",
+            "not supported with algorithm sliding_log",
+        );
+    }
+
+    #[test]
+    fn sliding_log_above_its_cap() {
+        let yaml = limited(
+            "      unit: hour\n      requests_per_unit: 10001\n      algorithm: sliding_log\n",
+        );
+        rejects(
+            &yaml,
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "capped at 10000 (got 10001)",
+        );
+        let at_cap = limited(
+            "      unit: hour\n      requests_per_unit: 10000\n      algorithm: sliding_log\n",
+        );
+        load(&at_cap);
+    }
+
+    #[test]
+    fn policies_the_scripts_cannot_count_exactly() {
+        let yaml = limited(
+            "      unit: year\n      requests_per_unit: 999983\n      algorithm: token_bucket\n      burst: 1000000\n",
+        );
+        rejects(&yaml, 4, "descriptors[0].rate_limit", "exceeds 2^53");
+        let window = limited("      unit: year\n      unit_multiplier: 4000000000\n");
+        rejects(
+            &window,
+            6,
+            "descriptors[0].rate_limit.unit_multiplier",
+            "exceeds 2^53 ms",
+        );
+    }
+
+    #[test]
+    fn share_threshold_without_wildcard() {
+        let yaml = "domain: d\ndescriptors:\n  - key: path\n    value: /login\n    share_threshold: true\n";
+        rejects(
+            yaml,
+            5,
+            "descriptors[0].share_threshold",
+            "needs a wildcard `value`",
+        );
+    }
+
+    #[test]
+    fn missing_and_empty_domain() {
+        rejects("descriptors: []\n", 1, "domain", "missing `domain`");
+        rejects("domain: \"\"\n", 1, "domain", "`domain` must not be empty");
+    }
+
+    #[test]
+    fn descriptor_without_key_or_with_empty_key() {
+        rejects(
+            "domain: d\ndescriptors:\n  - value: v\n",
+            3,
+            "descriptors[0]",
+            "descriptor has no `key`",
+        );
+        rejects(
+            "domain: d\ndescriptors:\n  - key: a\n  - key: \"\"\n",
+            4,
+            "descriptors[1].key",
+            "`key` must not be empty",
+        );
+    }
+
+    #[test]
+    fn empty_replaces_name() {
+        let yaml = limited("      unit: second\n      replaces:\n        - name: \"\"\n");
+        rejects(
+            &yaml,
+            7,
+            "descriptors[0].rate_limit.replaces[0].name",
+            "needs a non-empty `name`",
+        );
+        let missing = limited("      unit: second\n      replaces: [{}]\n");
+        rejects(
+            &missing,
+            6,
+            "descriptors[0].rate_limit.replaces[0].name",
+            "needs a non-empty `name`",
+        );
+    }
+
+    #[test]
+    fn replaces_naming_its_own_rule() {
+        let yaml = limited(
+            "      unit: second\n      name: mine\n      replaces:\n        - name: mine\n",
+        );
+        rejects(
+            &yaml,
+            8,
+            "descriptors[0].rate_limit.replaces[0].name",
+            "own name `mine`",
+        );
+    }
+
+    #[test]
+    fn every_error_of_a_file_is_collected_in_document_order() {
+        let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: parsec}
+  - value: x
+  - key: b
+    value: exact
+    share_threshold: true
+    descriptors:
+      - key: c
+        rate_limit: {unit: second, algorithm: nope, burst: 0}
+";
+        let found: Vec<_> = errors(yaml)
+            .iter()
+            .map(|e| (e.line, e.path.clone()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (Some(4), "descriptors[0].rate_limit.unit".to_owned()),
+                (Some(5), "descriptors[1]".to_owned()),
+                (Some(8), "descriptors[2].share_threshold".to_owned()),
+                (
+                    Some(11),
+                    "descriptors[2].descriptors[0].rate_limit.algorithm".to_owned()
+                ),
+                (
+                    Some(11),
+                    "descriptors[2].descriptors[0].rate_limit.burst".to_owned()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn zero_requests_is_a_valid_always_denying_limit() {
+        for body in [
+            "      unit: second\n      requests_per_unit: 0\n",
+            "      unit: second\n",
+        ] {
+            let rules = load(&limited(body));
+            let policy = *rules.descriptors[0]
+                .rule
+                .as_ref()
+                .unwrap()
+                .policy()
+                .unwrap();
+            assert_eq!(policy.requests_per_unit, 0);
+        }
+    }
+
+    fn find<'a>(level: &'a [DescriptorRule], key: &str, value: Option<&str>) -> &'a DescriptorRule {
+        level
+            .iter()
+            .find(|d| d.key == key && d.value.as_deref() == value)
+            .unwrap_or_else(|| panic!("no {key}/{value:?}"))
+    }
+
+    #[test]
+    fn every_field_reaches_the_validated_rules() {
+        let yaml = "\
+domain: api
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: MINUTE, requests_per_unit: 5, name: sub, quota_mode: true}
+        detailed_metric: true
+  - key: path
+    value: /api/*
+    share_threshold: true
+    shadow_mode: yes
+    value_to_metric: true
+    quota_mode: true
+    metadata: {owner: team-a}
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+      algorithm: GCRA
+      burst: 20
+      unit_multiplier: 5
+      on_over_limit: Consume
+      lockout_seconds: 60
+      replaces: [{name: sub}]
+  - key: free
+    value: \"\"
+    rate_limit: {unlimited: true, requests_per_unit: 7}
+";
+        let rules = load(yaml);
+        assert_eq!(rules.domain, "api");
+        let parent = find(&rules.descriptors, "key1", Some("value1"));
+        assert!(parent.rule.is_none());
+        let sub = find(&parent.children, "subkey1", None)
+            .rule
+            .as_ref()
+            .unwrap();
+        assert_eq!(sub.path, "key1_value1.subkey1");
+        assert_eq!(sub.domain, "api");
+        assert_eq!(sub.name.as_deref(), Some("sub"));
+        assert!(sub.quota_mode && sub.detailed_metric && !sub.shadow_mode);
+        assert_eq!(
+            sub.policy().unwrap(),
+            &crate::rules::Policy::fixed_window(5, Unit::Minute)
+        );
+
+        let wildcard = find(&rules.descriptors, "path", Some("/api/*"));
+        assert!(wildcard.share_threshold);
+        let rule = wildcard.rule.as_ref().unwrap();
+        assert_eq!(rule.path, "path_/api/*");
+        assert!(rule.shadow_mode && rule.value_to_metric && rule.quota_mode);
+        assert_eq!(rule.replaces, ["sub"]);
+        let policy = rule.policy().unwrap();
+        assert_eq!(policy.algorithm, Algorithm::TokenBucket);
+        assert_eq!((policy.requests_per_unit, policy.burst), (10, 20));
+        assert_eq!(policy.window_ms(), 5_000);
+        assert_eq!(policy.on_over_limit, OnOverLimit::Consume);
+        assert_eq!(policy.lockout_ms(), 60_000);
+
+        let free = find(&rules.descriptors, "free", None)
+            .rule
+            .as_ref()
+            .unwrap();
+        assert_eq!(free.path, "free");
+        assert_eq!(free.limit, Limit::Unlimited);
+    }
+
+    #[test]
+    fn algorithms_and_defaults() {
+        for (name, algorithm) in [
+            ("fixed_window", Algorithm::FixedWindow),
+            ("token_bucket", Algorithm::TokenBucket),
+            ("leaky_bucket", Algorithm::TokenBucket),
+            ("sliding_window", Algorithm::SlidingWindow),
+            ("sliding_log", Algorithm::SlidingLog),
+        ] {
+            let yaml = limited(&format!(
+                "      unit: hour\n      requests_per_unit: 9\n      algorithm: {name}\n"
+            ));
+            let rules = load(&yaml);
+            let policy = rules.descriptors[0]
+                .rule
+                .as_ref()
+                .unwrap()
+                .policy()
+                .copied();
+            let policy = policy.unwrap();
+            assert_eq!(policy.algorithm, algorithm);
+            assert_eq!((policy.burst, policy.unit_multiplier), (9, 1));
+            assert_eq!(policy.on_over_limit, OnOverLimit::Reject);
+            assert_eq!(policy.lockout, None);
+        }
+    }
+
+    #[test]
+    fn anchors_and_aliases_load_like_the_reference() {
+        let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &per_second {unit: second, requests_per_unit: 3}
+  - key: b
+    rate_limit: *per_second
+";
+        let rules = load(yaml);
+        let policies: Vec<_> = rules
+            .descriptors
+            .iter()
+            .map(|d| *d.rule.as_ref().unwrap().policy().unwrap())
+            .collect();
+        assert_eq!(policies[0], policies[1]);
+    }
+}

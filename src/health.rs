@@ -1,0 +1,106 @@
+//! Readiness: one latch behind both gRPC health and `GET /healthcheck`.
+//!
+//! SERVING once a config is loaded and the backend has answered; NOT_SERVING while the
+//! backend stays unreachable longer than a short grace (one failed ping must not flap
+//! every replica out of Envoy's pool), and from the moment shutdown starts, for good.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::backend::Backend;
+
+/// The gRPC service name Envoy-facing health checks use besides `""`.
+pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// How often the backend is pinged.
+const PING_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Shared readiness state.
+pub struct Health {
+    reporter: HealthReporter,
+    ready: AtomicBool,
+    shutting_down: AtomicBool,
+}
+
+impl Health {
+    /// Starts NOT_SERVING for both service names.
+    pub async fn new(reporter: HealthReporter) -> Arc<Health> {
+        let health = Arc::new(Health {
+            reporter,
+            ready: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+        });
+        health.publish(false).await;
+        health
+    }
+
+    /// Whether the service should receive traffic.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Flips to NOT_SERVING for good: shutdown has started.
+    pub async fn shut_down(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.publish(false).await;
+    }
+
+    async fn set_ready(&self, ready: bool) {
+        let ready = ready && !self.shutting_down.load(Ordering::Acquire);
+        if self.ready.swap(ready, Ordering::AcqRel) != ready {
+            tracing::info!(ready, "readiness changed");
+            self.publish(ready).await;
+        }
+    }
+
+    async fn publish(&self, ready: bool) {
+        let status = if ready {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for name in ["", RLS_SERVICE_NAME] {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+
+    /// Pings the backend forever, tracking readiness. `grace` is how long failures may last
+    /// before the service reports NOT_SERVING; `timeout` bounds each ping.
+    pub async fn monitor(
+        self: Arc<Self>,
+        backend: Arc<dyn Backend>,
+        grace: Duration,
+        timeout: Duration,
+    ) {
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            let ping =
+                tokio::time::timeout(timeout.max(Duration::from_millis(100)), backend.ping()).await;
+            match ping {
+                Ok(Ok(())) => {
+                    if failing_since.take().is_some() {
+                        tracing::info!(backend = backend.name(), "backend reachable again");
+                    }
+                    self.set_ready(true).await;
+                }
+                Ok(Err(_)) | Err(_) => {
+                    let since = *failing_since.get_or_insert_with(|| {
+                        tracing::warn!(backend = backend.name(), "backend ping failed");
+                        Instant::now()
+                    });
+                    // Never ready before the first successful ping; after that, only
+                    // once failures outlast the grace.
+                    if !self.is_ready() || since.elapsed() >= grace {
+                        self.set_ready(false).await;
+                    }
+                }
+            }
+            tokio::time::sleep(PING_INTERVAL).await;
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Wires the service together: config, backend, limiter, gRPC (RLS + health), admin HTTP,
+//! config reload, readiness, and graceful shutdown.
+//!
+//! `Server::bind` does everything that can fail at startup (load rules, reach the backend,
+//! bind both ports) and exposes the bound addresses; `Server::serve` runs until the shutdown
+//! future resolves, then reports NOT_SERVING, stops accepting, and drains in-flight calls
+//! within the drain timeout.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+use crate::admin::{self, AdminState};
+use crate::backend::{self, Backend, BackendError, BackendSettings};
+use crate::config::{self, ConfigErrors};
+use crate::headers::HeaderMode;
+use crate::health::Health;
+use crate::limiter::{Limiter, LimiterOptions};
+use crate::matcher::Matcher;
+use crate::metrics::Metrics;
+use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
+use crate::reload;
+use crate::service::RlsService;
+
+/// How long backend pings may fail before readiness drops: long enough that one lost ping
+/// does not pull every replica out of rotation at once.
+const BACKEND_FAILURE_GRACE: Duration = Duration::from_secs(1);
+
+/// Everything `serve` needs, independent of how it was given (flags, env, tests).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Directory of YAML domain files.
+    pub config_dir: PathBuf,
+    /// Address for RLS + gRPC health (`host:port`; port 0 picks one).
+    pub grpc_addr: String,
+    /// Address for admin HTTP.
+    pub http_addr: String,
+    /// Which backend, and how to reach it.
+    pub backend: BackendSettings,
+    /// Limiter behaviour (timeouts, failure mode, shadow mode, local cache).
+    pub limiter: LimiterOptions,
+    /// Response headers to add.
+    pub header_mode: HeaderMode,
+    /// How long in-flight calls may take to finish after shutdown starts.
+    pub drain_timeout: Duration,
+    /// Pause between reporting NOT_SERVING and closing the listeners, so load balancers
+    /// stop sending first.
+    pub shutdown_grace: Duration,
+}
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The rules did not load.
+    #[error("invalid config:\n{0}")]
+    Config(#[from] ConfigErrors),
+    /// The backend could not be set up.
+    #[error("backend: {0}")]
+    Backend(#[from] BackendError),
+    /// A listener could not be bound.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A server stopped with an error.
+    #[error("{0}")]
+    Serve(String),
+}
+
+/// A started, bound, not yet serving floodgate.
+pub struct Server {
+    settings: Settings,
+    grpc_listener: TcpListener,
+    http_listener: TcpListener,
+    limiter: Arc<Limiter>,
+    backend: Arc<dyn Backend>,
+}
+
+impl Server {
+    /// Loads the rules, connects the backend and binds both listeners.
+    ///
+    /// # Errors
+    /// Invalid config, unreachable backend setup, or an address that cannot be bound.
+    pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
+        let dir = settings.config_dir.clone();
+        let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
+            .await
+            .map_err(|e| ServerError::Serve(e.to_string()))??;
+        let metrics = Arc::new(Metrics::new());
+        metrics.config_load_success.inc();
+        let backend = backend::connect(&settings.backend).await?;
+        let mut options = settings.limiter.clone();
+        if matches!(settings.backend, BackendSettings::Memory { .. }) {
+            // The memory backend answers as fast as the cache would, and exactly.
+            options.local_cache_entries = 0;
+        }
+        let limiter = Arc::new(Limiter::new(
+            Matcher::new(loaded.domains),
+            Arc::clone(&backend),
+            metrics,
+            options,
+        ));
+        let grpc_listener = bind(&settings.grpc_addr).await?;
+        let http_listener = bind(&settings.http_addr).await?;
+        Ok(Server {
+            settings,
+            grpc_listener,
+            http_listener,
+            limiter,
+            backend,
+        })
+    }
+
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    /// The bound admin HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then drains.
+    ///
+    /// # Errors
+    /// A server failed while running.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let (grpc_addr, http_addr) = (self.grpc_addr(), self.http_addr());
+        tracing::info!(
+            backend = self.backend.name(),
+            "floodgate listening grpc_addr={grpc_addr} http_addr={http_addr}"
+        );
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health = Health::new(reporter).await;
+        let monitor = tokio::spawn(Arc::clone(&health).monitor(
+            Arc::clone(&self.backend),
+            BACKEND_FAILURE_GRACE,
+            self.settings.limiter.backend_timeout,
+        ));
+        let reloader = tokio::spawn(reload::watch(
+            self.settings.config_dir.clone(),
+            Arc::clone(&self.limiter),
+        ));
+
+        let service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+        let grpc = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(RateLimitServiceServer::new(service.clone()))
+            .serve_with_incoming_shutdown(TcpIncoming::from(self.grpc_listener), stopped());
+        let admin = axum::serve(
+            self.http_listener,
+            admin::router(AdminState {
+                service,
+                limiter: Arc::clone(&self.limiter),
+                health: Arc::clone(&health),
+            }),
+        )
+        .with_graceful_shutdown(stopped());
+        let mut grpc = tokio::spawn(grpc);
+        let mut admin = tokio::spawn(admin.into_future());
+
+        let failed = tokio::select! {
+            () = shutdown => None,
+            result = &mut grpc => Some(format!("gRPC server stopped: {result:?}")),
+            result = &mut admin => Some(format!("admin server stopped: {result:?}")),
+        };
+        tracing::info!("shutting down: reporting NOT_SERVING and draining");
+        health.shut_down().await;
+        if failed.is_none() {
+            tokio::time::sleep(self.settings.shutdown_grace).await;
+        }
+        let _ = stop_tx.send(true);
+        let drained = tokio::time::timeout(self.settings.drain_timeout, async {
+            let _ = (&mut grpc).await;
+            let _ = (&mut admin).await;
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("drain timeout passed with calls still in flight; closing them");
+            grpc.abort();
+            admin.abort();
+        }
+        monitor.abort();
+        reloader.abort();
+        match failed {
+            Some(message) => Err(ServerError::Serve(message)),
+            None => {
+                tracing::info!("shutdown complete");
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}

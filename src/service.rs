@@ -1,0 +1,395 @@
+//! The gRPC `envoy.service.ratelimit.v3.RateLimitService`: protobuf <-> engine types, and
+//! the one place where errors become gRPC statuses.
+//!
+//! Protocol decisions made here:
+//! - cost per descriptor: the descriptor's `hits_addend` when present (0 = peek), else the
+//!   request's when > 0, else 1 (as the reference service does);
+//! - an override with unit `UNKNOWN` (or an unknown number) is `INVALID_ARGUMENT`;
+//! - the caller's `grpc-timeout` bounds the backend work, so a failure mode still answers
+//!   before the caller gives up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant as StdInstant};
+
+use tokio::time::Instant;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
+
+use crate::headers::{self, HeaderMode};
+use crate::limiter::request::InvalidRequest;
+use crate::limiter::{
+    Code, Descriptor, LimitError, LimitOverride, Limiter, Request, Response, Status,
+};
+use crate::metrics::Metrics;
+use crate::proto::core::HeaderValue;
+use crate::proto::rls::rate_limit_response::{
+    Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
+};
+use crate::proto::rls::rate_limit_service_server::RateLimitService;
+use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use crate::proto::types::RateLimitUnit;
+use crate::rules::Unit;
+
+/// Why a request got no decision.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The request breaks the request rules (SPEC 1.3).
+    #[error("invalid request: {0}")]
+    Invalid(#[from] InvalidRequest),
+    /// The backend failed and the failure mode is `error`.
+    #[error("rate limit backend unavailable")]
+    Unavailable(#[from] LimitError),
+}
+
+impl From<DecideError> for GrpcStatus {
+    /// `UNAVAILABLE` lets Envoy's `failure_mode_deny` decide whether traffic passes; the
+    /// backend's own message (which may name hosts) is logged, never sent.
+    fn from(error: DecideError) -> Self {
+        match error {
+            DecideError::Invalid(invalid) => GrpcStatus::invalid_argument(invalid.0),
+            DecideError::Unavailable(_) => {
+                GrpcStatus::unavailable("rate limit backend unavailable")
+            }
+        }
+    }
+}
+
+/// Decides protobuf requests with a limiter; shared by gRPC and the admin `/json` endpoint.
+#[derive(Clone)]
+pub struct RlsService {
+    limiter: Arc<Limiter>,
+    header_mode: HeaderMode,
+}
+
+impl RlsService {
+    /// A service answering from `limiter`, adding `header_mode` headers.
+    pub fn new(limiter: Arc<Limiter>, header_mode: HeaderMode) -> RlsService {
+        RlsService {
+            limiter,
+            header_mode,
+        }
+    }
+
+    /// Validates, decides and encodes one request.
+    ///
+    /// # Errors
+    /// `Invalid` for bad input, `Unavailable` for a backend failure under `--failure-mode error`.
+    pub async fn decide(
+        &self,
+        request: &RateLimitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<RateLimitResponse, DecideError> {
+        let metrics = self.limiter.metrics();
+        let started = StdInstant::now();
+        let result = async {
+            let request = to_request(request).inspect_err(|_| {
+                metrics.invalid_requests.inc();
+            })?;
+            let response = self.limiter.should_rate_limit(&request, deadline).await?;
+            Ok(to_proto_response(&response, self.header_mode))
+        }
+        .await;
+        Metrics::observe(&metrics.request_latency, started.elapsed());
+        if let Err(DecideError::Unavailable(error)) = &result {
+            tracing::warn!(%error, "answering UNAVAILABLE");
+        }
+        result
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: GrpcRequest<RateLimitRequest>,
+    ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .map(|timeout| Instant::now() + timeout);
+        let response = self.decide(request.get_ref(), deadline).await?;
+        Ok(GrpcResponse::new(response))
+    }
+}
+
+/// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// Translates and validates a protobuf request.
+///
+/// # Errors
+/// The first rule of SPEC 1.3 the request breaks.
+pub fn to_request(request: &RateLimitRequest) -> Result<Request, InvalidRequest> {
+    // Check the descriptor count before copying anything, so oversized requests cost nothing.
+    Request::check_descriptor_count(request.descriptors.len())?;
+    let request_cost = match request.hits_addend {
+        0 => 1,
+        n => u64::from(n),
+    };
+    let descriptors = request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, descriptor)| {
+            let limit_override = match &descriptor.limit {
+                None => None,
+                Some(limit) => Some(LimitOverride {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: override_unit(limit.unit).ok_or_else(|| {
+                        InvalidRequest(format!(
+                            "descriptors[{i}].limit.unit must be SECOND..YEAR, got {}",
+                            limit.unit
+                        ))
+                    })?,
+                }),
+            };
+            Ok(Descriptor {
+                entries: descriptor
+                    .entries
+                    .iter()
+                    .map(|entry| (entry.key.clone(), entry.value.clone()))
+                    .collect(),
+                cost: descriptor
+                    .hits_addend
+                    .map_or(request_cost, |addend| addend.value),
+                limit_override,
+            })
+        })
+        .collect::<Result<Vec<_>, InvalidRequest>>()?;
+    let request = Request {
+        domain: request.domain.clone(),
+        descriptors,
+    };
+    request.validate()?;
+    Ok(request)
+}
+
+fn override_unit(unit: i32) -> Option<Unit> {
+    Some(match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Unknown => return None,
+        RateLimitUnit::Second => Unit::Second,
+        RateLimitUnit::Minute => Unit::Minute,
+        RateLimitUnit::Hour => Unit::Hour,
+        RateLimitUnit::Day => Unit::Day,
+        RateLimitUnit::Month => Unit::Month,
+        RateLimitUnit::Year => Unit::Year,
+    })
+}
+
+fn proto_unit(unit: Unit) -> ProtoUnit {
+    match unit {
+        Unit::Second => ProtoUnit::Second,
+        Unit::Minute => ProtoUnit::Minute,
+        Unit::Hour => ProtoUnit::Hour,
+        Unit::Day => ProtoUnit::Day,
+        Unit::Week => ProtoUnit::Week,
+        Unit::Month => ProtoUnit::Month,
+        Unit::Year => ProtoUnit::Year,
+    }
+}
+
+fn proto_code(code: Code) -> ProtoCode {
+    match code {
+        Code::Ok => ProtoCode::Ok,
+        Code::OverLimit => ProtoCode::OverLimit,
+    }
+}
+
+fn proto_status(status: &Status) -> DescriptorStatus {
+    DescriptorStatus {
+        code: proto_code(status.code) as i32,
+        current_limit: status.current_limit.as_ref().map(|limit| RateLimit {
+            name: limit.name.clone().unwrap_or_default(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: proto_unit(limit.unit) as i32,
+        }),
+        limit_remaining: status.limit_remaining,
+        duration_until_reset: status.reset_seconds.map(|seconds| pbjson_types::Duration {
+            seconds: i64::try_from(seconds).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+/// Encodes a decision, with the configured response headers.
+pub fn to_proto_response(response: &Response, header_mode: HeaderMode) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: proto_code(response.overall) as i32,
+        statuses: response.statuses.iter().map(proto_status).collect(),
+        response_headers_to_add: headers::build(header_mode, response)
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.to_owned(),
+                value,
+                raw_value: Vec::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::common::RateLimitDescriptor;
+    use crate::proto::common::rate_limit_descriptor::{Entry, RateLimitOverride};
+
+    fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "d".into(),
+            descriptors,
+            hits_addend: hits,
+        }
+    }
+
+    #[test]
+    fn cost_resolution_follows_the_reference() {
+        let mut peek = descriptor(&[("k", "v")]);
+        peek.hits_addend = Some(0u64.into());
+        let mut five = descriptor(&[("k", "v")]);
+        five.hits_addend = Some(5u64.into());
+        let plain = descriptor(&[("k", "v")]);
+        let costs = |hits| {
+            to_request(&request(
+                vec![peek.clone(), five.clone(), plain.clone()],
+                hits,
+            ))
+            .unwrap()
+            .descriptors
+            .iter()
+            .map(|d| d.cost)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(costs(0), vec![0, 5, 1]);
+        assert_eq!(costs(3), vec![0, 5, 3]);
+    }
+
+    #[test]
+    fn bad_requests_are_invalid_argument() {
+        let too_many = request(vec![descriptor(&[("k", "v")]); 65], 0);
+        let cases = [
+            (
+                RateLimitRequest {
+                    domain: String::new(),
+                    ..request(vec![descriptor(&[("k", "v")])], 0)
+                },
+                "domain",
+            ),
+            (request(vec![], 0), "descriptor"),
+            (request(vec![descriptor(&[])], 0), "no entries"),
+            (request(vec![descriptor(&[("", "v")])], 0), "key is empty"),
+            (
+                request(vec![descriptor(&[("k", &"v".repeat(4097))])], 0),
+                "longer than",
+            ),
+            (
+                request(vec![descriptor(&vec![("k", "v"); 33])], 0),
+                "more than 32",
+            ),
+            (too_many, "exceed"),
+        ];
+        for (req, needle) in cases {
+            let error = to_request(&req).unwrap_err();
+            assert!(error.0.contains(needle), "{} lacks {needle}", error.0);
+            let status = GrpcStatus::from(DecideError::Invalid(error));
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn overrides_need_a_known_unit() {
+        let mut d = descriptor(&[("k", "v")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: RateLimitUnit::Minute as i32,
+        });
+        let parsed = to_request(&request(vec![d.clone()], 0)).unwrap();
+        assert_eq!(
+            parsed.descriptors[0].limit_override,
+            Some(LimitOverride {
+                requests_per_unit: 5,
+                unit: Unit::Minute
+            })
+        );
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 0,
+        });
+        assert!(to_request(&request(vec![d.clone()], 0)).is_err());
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 99,
+        });
+        assert!(to_request(&request(vec![d], 0)).is_err());
+    }
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("m"), None);
+        assert_eq!(parse_grpc_timeout("123456789m"), None);
+        assert_eq!(parse_grpc_timeout("10x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn week_limits_encode_as_unit_seven() {
+        use crate::limiter::CurrentLimit;
+        let response = Response {
+            overall: Code::Ok,
+            statuses: vec![Status {
+                code: Code::Ok,
+                current_limit: Some(CurrentLimit {
+                    requests_per_unit: 1,
+                    unit: Unit::Week,
+                    name: Some("n".into()),
+                    label: "n".into(),
+                    window: Duration::from_secs(604_800),
+                }),
+                limit_remaining: 3,
+                reset_seconds: None,
+            }],
+        };
+        let encoded = prost::Message::encode_to_vec(&to_proto_response(&response, HeaderMode::Off));
+        // Golden bytes from the wire facts (shared/envoy-rls-wire.md section 5).
+        assert_eq!(
+            encoded,
+            [
+                0x08, 0x01, 0x12, 0x0d, 0x08, 0x01, 0x12, 0x07, 0x08, 0x01, 0x10, 0x07, 0x1a, 0x01,
+                0x6e, 0x18, 0x03
+            ]
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! Property tests of the algorithms (SPEC 3): budgets hold for any request sequence,
+//! refunds undo bookings exactly, answers stay in range, and no input panics.
+
+use std::time::Duration;
+
+use floodgate::algorithm::{Bucket, Counter, Params, Verdict};
+use floodgate::algorithm::{sliding_log::SlidingLog, token_bucket::TokenBucket};
+use floodgate::rules::{Algorithm, MAX_EXACT_INTEGER, OnOverLimit, Policy, Unit, gcd};
+use proptest::prelude::*;
+
+/// The start of some day, so every tested unit's window starts here.
+const DAY_START: i64 = 1_700_006_400_000;
+
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::FixedWindow,
+    Algorithm::TokenBucket,
+    Algorithm::SlidingWindow,
+    Algorithm::SlidingLog,
+];
+
+fn policy(
+    algorithm: Algorithm,
+    limit: u32,
+    burst: u32,
+    unit: Unit,
+    consume: bool,
+    lockout_ms: u64,
+) -> Policy {
+    Policy {
+        algorithm,
+        unit,
+        unit_multiplier: 1,
+        requests_per_unit: limit,
+        burst,
+        // Validation rejects `consume` for the sliding log.
+        on_over_limit: if consume && algorithm != Algorithm::SlidingLog {
+            OnOverLimit::Consume
+        } else {
+            OnOverLimit::Reject
+        },
+        lockout: (lockout_ms > 0).then(|| Duration::from_millis(lockout_ms)),
+    }
+}
+
+fn any_algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(ALGORITHMS.to_vec())
+}
+
+fn any_unit() -> impl Strategy<Value = Unit> {
+    prop::sample::select(vec![Unit::Second, Unit::Minute, Unit::Hour])
+}
+
+/// A valid policy for the algorithm, as config validation would accept it.
+fn any_policy() -> impl Strategy<Value = Policy> {
+    (
+        any_algorithm(),
+        1u32..=40,
+        1u32..=40,
+        any_unit(),
+        any::<bool>(),
+        prop_oneof![Just(0u64), 1u64..=120_000],
+    )
+        .prop_map(|(algorithm, limit, burst, unit, consume, lockout)| {
+            policy(algorithm, limit, burst, unit, consume, lockout)
+        })
+}
+
+/// Two verdicts agree on everything a caller sees.
+fn same_answer(a: Verdict, b: Verdict) -> bool {
+    (a.allowed, a.remaining, a.reset_ms) == (b.allowed, b.remaining, b.reset_ms)
+}
+
+/// Sum of the costs admitted by `(offset from start, cost)` requests on a fresh bucket.
+fn admitted(policy: &Policy, start: i64, requests: &[(i64, u64)]) -> u64 {
+    let mut bucket = Bucket::new(policy.algorithm);
+    requests
+        .iter()
+        .filter(|&&(offset, cost)| cost > 0 && bucket.decide(policy, start + offset, cost).allowed)
+        .map(|&(_, cost)| cost)
+        .sum()
+}
+
+proptest! {
+    /// Inside one window (times in any order, any costs, consume or lockout) the windowed
+    /// algorithms never admit more than `L`.
+    #[test]
+    fn windows_never_admit_more_than_the_limit(
+        policy in any_policy().prop_filter("windowed", |p| p.algorithm != Algorithm::TokenBucket),
+        requests in prop::collection::vec((0i64..1000, 0u64..=45), 1..60),
+    ) {
+        let scale = policy.window_ms() as i64 / 1000;
+        let requests: Vec<_> = requests.iter().map(|&(at, cost)| (at * scale, cost)).collect();
+        let total = admitted(&policy, DAY_START, &requests);
+        prop_assert!(total <= u64::from(policy.requests_per_unit), "admitted {total}");
+    }
+
+    /// At one instant a token bucket admits at most `B`, and exactly `B` requests of cost 1.
+    #[test]
+    fn token_bucket_admits_exactly_the_burst_at_one_instant(
+        limit in 1u32..=10_000,
+        burst in 1u32..=10_000,
+        unit in any_unit(),
+        costs in prop::collection::vec(1u64..=50, 1..60),
+    ) {
+        let policy = policy(Algorithm::TokenBucket, limit, burst, unit, false, 0);
+        let requests: Vec<_> = costs.iter().map(|&cost| (0, cost)).collect();
+        prop_assert!(admitted(&policy, DAY_START, &requests) <= u64::from(burst));
+
+        let mut bucket = Bucket::new(Algorithm::TokenBucket);
+        for _ in 0..burst {
+            prop_assert!(bucket.decide(&policy, DAY_START, 1).allowed);
+        }
+        prop_assert!(!bucket.decide(&policy, DAY_START, 1).allowed);
+    }
+
+    /// A refund right after a booking leaves a bucket that answers exactly like the bucket
+    /// before the booking, now and at any later time.
+    #[test]
+    fn refund_right_after_a_booking_restores_the_state(
+        policy in any_policy(),
+        history in prop::collection::vec((0i64..5_000, 0u64..=12), 0..30),
+        cost in 1u64..=12,
+        probes in prop::collection::vec(0i64..7_200_000, 1..6),
+    ) {
+        let mut policy = policy;
+        policy.on_over_limit = OnOverLimit::Reject;
+        let mut bucket = Bucket::new(policy.algorithm);
+        let mut now = DAY_START;
+        for &(step, n) in &history {
+            now += step;
+            bucket.decide(&policy, now, n);
+        }
+        let before = bucket.clone();
+        let verdict = bucket.decide(&policy, now, cost);
+        prop_assume!(verdict.allowed && verdict.booked);
+        bucket.refund(&policy, now, cost, now);
+        for t in std::iter::once(now).chain(probes.iter().map(|&p| now + p)) {
+            let (mut a, mut b) = (before.clone(), bucket.clone());
+            prop_assert!(same_answer(a.decide(&policy, t, 0), b.decide(&policy, t, 0)));
+            for n in [1, cost, cost + 1] {
+                let (va, vb) = (a.decide(&policy, t, n), b.decide(&policy, t, n));
+                prop_assert!(same_answer(va, vb), "at +{}: {va:?} vs {vb:?}", t - now);
+            }
+        }
+    }
+
+    /// With a clock that only moves forward, `remaining` stays within the budget and R
+    /// within the algorithm's horizon (window end, drain time, two windows, lock).
+    #[test]
+    fn answers_stay_in_range(
+        policy in any_policy(),
+        requests in prop::collection::vec((0i64..20_000, 0u64..=50), 1..60),
+    ) {
+        let window = policy.window_ms();
+        let (limit, burst) = (u64::from(policy.requests_per_unit), u64::from(policy.burst));
+        let horizon = match policy.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingLog => window,
+            Algorithm::SlidingWindow => 2 * window,
+            // ceil(C / λ) = ceil(B * W / L); consume may fill past C, up to 2^53 units.
+            Algorithm::TokenBucket if policy.on_over_limit == OnOverLimit::Consume => {
+                let leak = limit / gcd(window, limit);
+                MAX_EXACT_INTEGER.div_ceil(leak)
+            }
+            Algorithm::TokenBucket => (burst * window).div_ceil(limit),
+        }
+        .max(policy.lockout_ms());
+        let budget = if policy.algorithm == Algorithm::TokenBucket { burst } else { limit };
+        let mut bucket = Bucket::new(policy.algorithm);
+        let mut now = DAY_START;
+        for &(step, cost) in &requests {
+            now += step;
+            let v = bucket.decide(&policy, now, cost);
+            prop_assert!(v.remaining <= budget, "{v:?}");
+            prop_assert!(v.reset_ms <= horizon, "{v:?} beyond {horizon}");
+            prop_assert!(v.allowed || v.remaining == 0);
+            prop_assert!(bucket.expires_at_ms(&policy) <= now + horizon as i64);
+        }
+    }
+
+    /// The sliding log is exact: no span of `W` ms admits more than `L`.
+    #[test]
+    fn sliding_log_never_admits_more_than_the_limit_in_any_window(
+        limit in 1u64..=20,
+        requests in prop::collection::vec((0i64..700, 1u64..=6), 1..120),
+    ) {
+        let params = Params { window_ms: 1000, limit, burst: limit };
+        let mut log = SlidingLog::default();
+        let mut admitted: Vec<(i64, u64)> = Vec::new();
+        let mut now = DAY_START;
+        for &(step, cost) in &requests {
+            now += step;
+            if log.check(&params, now, cost, true).allowed {
+                admitted.push((now, cost));
+            }
+        }
+        for &(end, _) in &admitted {
+            let in_span: u64 = admitted
+                .iter()
+                .filter(|&&(t, _)| t > end - 1000 && t <= end)
+                .map(|&(_, n)| n)
+                .sum();
+            prop_assert!(in_span <= limit, "{in_span} admitted in the W ending at {end}");
+        }
+    }
+
+    /// Any instant (backwards too), any cost up to `u64::MAX`, any refund: no panic, and
+    /// `remaining` never exceeds the budget.
+    #[test]
+    fn arbitrary_inputs_never_panic(
+        policy in any_policy(),
+        operations in prop::collection::vec(
+            (any::<i64>(), prop_oneof![any::<u64>(), 0u64..=50], any::<bool>(), any::<i64>()),
+            1..40,
+        ),
+    ) {
+        let budget = u64::from(policy.requests_per_unit.max(policy.burst));
+        let mut bucket = Bucket::new(policy.algorithm);
+        for &(now, cost, refund, booked_at) in &operations {
+            if refund {
+                bucket.refund(&policy, now, cost, booked_at);
+            } else {
+                let v = bucket.decide(&policy, now, cost);
+                prop_assert!(v.remaining <= budget);
+            }
+            bucket.expires_at_ms(&policy);
+        }
+    }
+
+    /// The token bucket's numbers at large scale stay exact: a full burst drains in
+    /// `B * W / L` ms, whatever the ratio of `W` to `L`.
+    #[test]
+    fn token_bucket_drain_time_is_exact(
+        limit in 1u32..=u32::MAX,
+        burst in 1u32..=1_000_000,
+        unit in any_unit(),
+    ) {
+        let policy = policy(Algorithm::TokenBucket, limit, burst, unit, false, 0);
+        prop_assume!(policy.check_exact_bounds().is_ok());
+        let params = Params::of(&policy);
+        let mut bucket = TokenBucket::default();
+        let v = bucket.check(&params, DAY_START, u64::from(burst), false);
+        prop_assert!(v.allowed);
+        let drain = (u128::from(burst) * u128::from(policy.window_ms()))
+            .div_ceil(u128::from(limit));
+        prop_assert_eq!(u128::from(v.reset_ms), drain);
+        prop_assert_eq!(bucket.expires_at_ms(&params), DAY_START + drain as i64);
+    }
+}

@@ -1,0 +1,111 @@
+//! The built binary, run as an operator would: `check-config`, `--version`, `serve`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn floodgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("FLOODGATE_CONFIG")
+        .output()
+        .expect("run floodgate")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn check_config_accepts_the_shipped_examples() {
+    let out = floodgate(&["check-config", "config"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("OK: 3 domains, "), "{stdout}");
+    assert!(stdout.trim_end().ends_with(" rules"), "{stdout}");
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn check_config_reports_a_typo_with_file_and_line() {
+    let out = floodgate(&["check-config", "tests/fixtures/bad/typo"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let stderr = text(&out.stderr);
+    let expected = Path::new("tests/fixtures/bad/typo/api.yaml:8: ")
+        .display()
+        .to_string();
+    assert!(stderr.starts_with(&expected), "{stderr}");
+    assert!(stderr.contains("requests_per_unt"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn check_config_prints_every_error_of_every_file() {
+    let out = floodgate(&["check-config", "tests/fixtures/bad/two-files"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let lines: Vec<_> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(lines[0].starts_with("tests/fixtures/bad/two-files/a.yaml:3: "));
+    assert!(lines[1].starts_with("tests/fixtures/bad/two-files/b.yml:1: "));
+}
+
+#[test]
+fn check_config_is_not_confused_by_serve_settings_in_the_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(["check-config", "config"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("FLOODGATE_CONFIG", "elsewhere")
+        .env("FLOODGATE_BACKEND", "redis")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn version_shows_crate_version_and_git_revision() {
+    let out = floodgate(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = text(&out.stdout);
+    let prefix = format!("floodgate {} (git ", env!("CARGO_PKG_VERSION"));
+    assert!(stdout.starts_with(&prefix), "{stdout}");
+    let revision = stdout[prefix.len()..].trim_end().trim_end_matches(')');
+    assert!(
+        revision == "unknown"
+            || (revision.len() >= 7 && revision.chars().all(|c| c.is_ascii_hexdigit())),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn serve_never_prints_the_redis_password() {
+    // Unresolvable seed nodes: startup fails fast, after logging its settings.
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .env(
+            "FLOODGATE_REDIS_URL",
+            "redis://app:s3cret@unresolvable.invalid:6379,rediss://app:s3cret@b.invalid:6380",
+        )
+        .env("FLOODGATE_BACKEND", "redis-cluster")
+        .env("FLOODGATE_BACKEND_TIMEOUT_MS", "200")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(all.contains("Cluster"), "{all}");
+    assert!(!all.contains("s3cret"), "{all}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = floodgate(&["check-config"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("DIR"));
+}

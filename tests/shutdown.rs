@@ -1,0 +1,82 @@
+//! Graceful shutdown of the real binary: health flips to NOT_SERVING, calls still finish,
+//! and the process exits 0.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Binary, descriptor, http, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+#[tokio::test]
+async fn sigterm_flips_health_drains_and_exits_zero() {
+    // A 1 s pause between NOT_SERVING and closing the listeners makes the flip observable.
+    let mut server = Binary::start(&["--config", "config", "--health-grace-ms", "1000"], &[]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let mut client = RateLimitServiceClient::new(channel);
+    let check = HealthCheckRequest {
+        service: String::new(),
+    };
+    let mut serving = false;
+    for _ in 0..100 {
+        let status = health
+            .check(check.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+        if status == ServingStatus::Serving {
+            serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(serving, "never became SERVING");
+    assert_eq!(
+        http("GET", &format!("http://{}/healthcheck", server.http), "")
+            .await
+            .0,
+        200
+    );
+
+    server.signal("TERM");
+    // During the grace, health answers NOT_SERVING and calls are still answered.
+    let mut flipped = false;
+    for _ in 0..40 {
+        match health.check(check.clone()).await {
+            Ok(response) if response.get_ref().status() == ServingStatus::NotServing => {
+                flipped = true;
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(error) => panic!("health failed before the grace ended: {error}"),
+        }
+    }
+    assert!(flipped, "health never reported NOT_SERVING");
+    let response = client
+        .should_rate_limit(request(
+            "api",
+            vec![descriptor(&[("remote_address", "9.9.9.9")])],
+        ))
+        .await
+        .expect("calls are still served during the grace");
+    assert_eq!(response.get_ref().statuses.len(), 1);
+    assert_eq!(server.wait_exit(Duration::from_secs(15)), Some(0));
+}
+
+#[tokio::test]
+async fn sigint_also_exits_zero() {
+    let mut server = Binary::start(&["--config", "config", "--health-grace-ms", "0"], &[]);
+    server.signal("INT");
+    assert_eq!(server.wait_exit(Duration::from_secs(15)), Some(0));
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(log.contains("shutdown complete"), "{log}");
+}

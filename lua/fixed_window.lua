@@ -16,7 +16,9 @@ Reply, integers only:
   refund  {changed 0|1, now_ms}
 
 Time is the server's clock (TIME), so every client agrees on window boundaries. Every write
-sets PEXPIRE to the state's expiry, so idle buckets vanish on their own.
+sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead), so idle buckets
+vanish on their own. Absolute, because a relative TTL counts from Redis' own time for the
+command, which can trail TIME by a millisecond: the key could vanish while it still counts.
 ]]
 local key = KEYS[1]
 local op = ARGV[1]
@@ -50,7 +52,7 @@ local function save()
     expires = math.max(expires, (window + 1) * W)
   end
   redis.call('HSET', key, 'w', int(window), 'c', int(count), 'lk', int(locked))
-  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
 end
 
 if op == 'refund' then

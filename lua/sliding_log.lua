@@ -16,6 +16,9 @@ ARGV[6]  1 = on_over_limit consume; config validation rejects it for this algori
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
 
+Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
+fixed_window.lua for why absolute.
+
 Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
@@ -84,7 +87,7 @@ local function save()
     redis.call('ZADD', key, int(-locked), 'lock')
   end
   -- A no-op when the set emptied (Redis deleted the key).
-  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
 end
 
 -- Seq of the newest unit booked at ts (members at one score sort by their padded seq).

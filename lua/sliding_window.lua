@@ -13,6 +13,9 @@ ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
 
+Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
+fixed_window.lua for why absolute.
+
 Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
@@ -58,7 +61,7 @@ local function save()
     expires = math.max(expires, (window + 1) * W)
   end
   redis.call('HSET', key, 'w', int(window), 'c', int(c), 'p', int(p), 'lk', int(locked))
-  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
 end
 
 -- Roll to now: the current count becomes the previous one in the next window; older

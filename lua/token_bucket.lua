@@ -16,6 +16,9 @@ ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at (unused: units leak alike whoever booked them)
 
+Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
+fixed_window.lua for why absolute.
+
 Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
@@ -76,7 +79,7 @@ end
 local function save()
   local expires = math.max(updated + cdiv(level, lambda), locked)
   redis.call('HSET', key, 'u', int(level), 't', int(updated), 'lk', int(locked))
-  redis.call('PEXPIRE', key, int(math.max(expires - now, 1)))
+  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
 end
 
 if op == 'refund' then

@@ -284,44 +284,45 @@ impl RedisCluster {
         &mut self.nodes[index]
     }
 
-    /// Index of the node that masters `key`'s slot, read from `CLUSTER NODES` of a running
-    /// node (lines: `id ip:port@bus flags master-id ping pong epoch state slot-ranges...`).
+    /// Index of the running node that masters `key`'s slot according to `CLUSTER NODES`
+    /// (lines: `id ip:port@bus flags master-id ping pong epoch state slot-ranges...`).
+    /// After a failover the nodes' views converge through gossip, so this polls (bounded)
+    /// until some running node names a running, healthy owner.
     pub fn master_index_for(&self, key: &str) -> usize {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.is_running())
-            .expect("a running node");
-        let slot: u16 = node
+        let running: Vec<&RedisServer> = self.nodes.iter().filter(|n| n.is_running()).collect();
+        let slot: u16 = running[0]
             .cli(&["CLUSTER", "KEYSLOT", key])
             .parse()
             .expect("slot");
-        let table = node.cli(&["CLUSTER", "NODES"]);
-        let owner = table
-            .lines()
-            .map(|line| line.split_whitespace().collect::<Vec<_>>())
-            .find(|f| {
-                f.len() > 8
-                    && f[2].contains("master")
-                    && !f[2].contains("fail")
-                    && f[8..].iter().any(|range| {
-                        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-                        match (lo.parse::<u16>(), hi.parse::<u16>()) {
-                            (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
-                            _ => false,
-                        }
-                    })
-            })
-            .expect("a master owns every slot");
-        let port: u16 = owner[1]
-            .split(['@', ':'])
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .expect("node address");
-        self.nodes
-            .iter()
-            .position(|n| n.port() == port)
-            .expect("owner is one of ours")
+        let owner_port = |table: &str| -> Option<u16> {
+            let fields = table
+                .lines()
+                .map(|line| line.split_whitespace().collect::<Vec<_>>())
+                .find(|f| {
+                    f.len() > 8
+                        && f[2].contains("master")
+                        && !f[2].contains("fail")
+                        && f[8..].iter().any(|range| {
+                            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                            match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                                (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                                _ => false,
+                            }
+                        })
+                })?;
+            fields[1].split(['@', ':']).nth(1)?.parse().ok()
+        };
+        let mut found = None;
+        wait_until("a running owner of the slot", CLUSTER_TIMEOUT, || {
+            found = running.iter().find_map(|node| {
+                let port = owner_port(&node.cli(&["CLUSTER", "NODES"]))?;
+                self.nodes
+                    .iter()
+                    .position(|n| n.port() == port && n.is_running())
+            });
+            found.is_some()
+        });
+        found.expect("owner found")
     }
 
     /// Number of keys across all masters.

@@ -93,58 +93,33 @@ pub(crate) enum Via {
 /// One script call: which script, on which key, with which ARGV.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
-    algorithm: Algorithm,
     key: String,
-    args: [String; 8],
+    op: &'static str,
+    cost: u64,
+    policy: Policy,
+    booked_at_ms: i64,
 }
 
 impl Call {
     /// The call that decides `charge` on the bucket stored under `prefix`.
     pub(crate) fn charge(charge: &Charge, prefix: &str) -> Call {
-        Call::new(
-            "charge",
-            &charge.bucket,
-            &charge.policy,
-            charge.cost,
-            0,
-            prefix,
-        )
+        Call {
+            key: charge.bucket.redis_key(prefix),
+            op: "charge",
+            cost: charge.cost,
+            policy: charge.policy,
+            booked_at_ms: 0,
+        }
     }
 
     /// The call that undoes `refund` on the bucket stored under `prefix`.
     pub(crate) fn refund(refund: &Refund, prefix: &str) -> Call {
-        Call::new(
-            "refund",
-            &refund.bucket,
-            &refund.policy,
-            refund.cost,
-            refund.booked_at_ms,
-            prefix,
-        )
-    }
-
-    fn new(
-        op: &str,
-        bucket: &super::BucketKey,
-        policy: &Policy,
-        cost: u64,
-        booked_at_ms: i64,
-        prefix: &str,
-    ) -> Call {
-        let consume = policy.on_over_limit == OnOverLimit::Consume;
         Call {
-            algorithm: policy.algorithm,
-            key: bucket.redis_key(prefix),
-            args: [
-                op.to_owned(),
-                cost.to_string(),
-                policy.window_ms().to_string(),
-                policy.requests_per_unit.to_string(),
-                policy.burst.to_string(),
-                if consume { "1" } else { "0" }.to_owned(),
-                policy.lockout_ms().to_string(),
-                booked_at_ms.to_string(),
-            ],
+            key: refund.bucket.redis_key(prefix),
+            op: "refund",
+            cost: refund.cost,
+            policy: refund.policy,
+            booked_at_ms: refund.booked_at_ms,
         }
     }
 
@@ -153,16 +128,28 @@ impl Call {
         let mut cmd = match via {
             Via::Sha => {
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(scripts.get(self.algorithm).get_hash());
+                cmd.arg(scripts.get(self.policy.algorithm).get_hash());
                 cmd
             }
             Via::Source => {
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(source(self.algorithm));
+                cmd.arg(source(self.policy.algorithm));
                 cmd
             }
         };
-        cmd.arg(1).arg(&self.key).arg(&self.args[..]);
+        // Numbers are written straight into the command buffer: no string per argument.
+        let policy = &self.policy;
+        let consume = policy.on_over_limit == OnOverLimit::Consume;
+        cmd.arg(1)
+            .arg(&self.key)
+            .arg(self.op)
+            .arg(self.cost)
+            .arg(policy.window_ms())
+            .arg(policy.requests_per_unit)
+            .arg(policy.burst)
+            .arg(if consume { "1" } else { "0" })
+            .arg(policy.lockout_ms())
+            .arg(self.booked_at_ms);
         cmd
     }
 }
@@ -301,17 +288,28 @@ mod tests {
             },
             "fg",
         );
-        assert_eq!(call.key, bucket.redis_key("fg"));
-        assert_eq!(
-            call.args,
-            ["charge", "3", "60000", "5", "7", "1", "9000", "0"].map(String::from)
-        );
         let packed = call
             .command(&ScriptSet::new(), Via::Sha)
             .get_packed_command();
-        let text = String::from_utf8_lossy(&packed);
-        assert!(text.contains("EVALSHA"));
-        assert!(text.contains(ScriptSet::new().get(Algorithm::TokenBucket).get_hash()));
+        let words: Vec<String> = String::from_utf8(packed)
+            .unwrap()
+            .split("\r\n")
+            .filter(|w| !w.is_empty() && !w.starts_with(['*', '$']))
+            .map(String::from)
+            .collect();
+        let sha = ScriptSet::new()
+            .get(Algorithm::TokenBucket)
+            .get_hash()
+            .to_owned();
+        let key = bucket.redis_key("fg");
+        let expected = [
+            "EVALSHA", &sha, "1", &key, "charge", "3", "60000", "5", "7", "1", "9000", "0",
+        ];
+        assert_eq!(words, expected);
+        let eval = call
+            .command(&ScriptSet::new(), Via::Source)
+            .get_packed_command();
+        assert!(String::from_utf8_lossy(&eval).contains("token_bucket.rs"));
     }
 
     #[test]
@@ -325,5 +323,55 @@ mod tests {
         assert!(outcome(ints(&[1, 0, 0, 0])).is_err());
         assert!(refunded(ints(&[1, 5])).is_ok());
         assert!(refunded(Value::Nil).is_err());
+    }
+
+    fn server(reply: &[u8]) -> RedisError {
+        match redis::parse_redis_value(reply).unwrap() {
+            Value::ServerError(e) => RedisError::from(e),
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_are_classified_with_their_code() {
+        for (reply, code, class) in [
+            (
+                &b"-CLUSTERDOWN The cluster is down\r\n"[..],
+                "CLUSTERDOWN",
+                "transient",
+            ),
+            (
+                b"-LOADING Redis is loading the dataset\r\n",
+                "LOADING",
+                "transient",
+            ),
+            (
+                b"-TRYAGAIN Multiple keys request during rehashing\r\n",
+                "TRYAGAIN",
+                "transient",
+            ),
+            (
+                b"-BUSY Redis is busy running a script\r\n",
+                "BUSY",
+                "transient",
+            ),
+            (b"-NOSCRIPT No matching script\r\n", "NOSCRIPT", "permanent"),
+            (
+                b"-ERR floodgate fixed_window: bad arguments\r\n",
+                "ERR",
+                "permanent",
+            ),
+        ] {
+            let err = server(reply);
+            let BackendError::Failed(text) = classify(&err) else {
+                panic!("{err:?} is not Failed");
+            };
+            assert!(text.starts_with(&format!("{code} ({class})")), "{text}");
+        }
+        assert!(is_noscript_error(&server(
+            b"-NOSCRIPT No matching script\r\n"
+        )));
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(classify(&io), BackendError::Unavailable(_)));
     }
 }

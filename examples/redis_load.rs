@@ -3,14 +3,14 @@
 //! least 60% of it, with p99 <= 1 ms at 16 in flight).
 //!
 //! ```text
-//! cargo run --release --example redis_load -- [--requests N] [--seconds S] [--keys K]
+//! cargo run --release --example redis_load -- [--requests N] [--seconds S] [--keys K] [--pool P]
 //! ```
 //!
 //! It starts its own `redis-server` on a free loopback port (nothing else is ever a target),
 //! then for 16 and 64 concurrent tasks sends single-descriptor charges on K random buckets
 //! until N decisions or S seconds, whichever comes first, and prints decisions/s and latency
-//! percentiles. Finally it runs `redis-benchmark -P 16 -n 200000` with the same script and
-//! arguments for comparison.
+//! percentiles, alternating with `redis-benchmark -P 16 -n 200000` running the same script
+//! and arguments; it ends with the medians and their ratio.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -22,7 +22,11 @@ use floodgate::backend::{Backend, BucketKey, Charge, RedisBackend, RedisOptions}
 use floodgate::rules::{Algorithm, Policy, Unit};
 use tokio::time::Instant;
 
+/// Alternating rounds of redis-benchmark and both concurrency levels.
+const ROUNDS: usize = 3;
+
 struct Args {
+    pool: u32,
     requests: u64,
     seconds: u64,
     keys: u64,
@@ -30,6 +34,7 @@ struct Args {
 
 fn args() -> Args {
     let mut args = Args {
+        pool: floodgate::backend::redis::DEFAULT_POOL_SIZE,
         requests: 200_000,
         seconds: 20,
         keys: 10_000,
@@ -41,8 +46,9 @@ fn args() -> Args {
             ("--requests", Some(v)) => args.requests = v,
             ("--seconds", Some(v)) => args.seconds = v,
             ("--keys", Some(v)) => args.keys = v.max(1),
+            ("--pool", Some(v)) => args.pool = (v as u32).max(1),
             _ => {
-                eprintln!("usage: redis_load [--requests N] [--seconds S] [--keys K]");
+                eprintln!("usage: redis_load [--requests N] [--seconds S] [--keys K] [--pool P]");
                 std::process::exit(2);
             }
         }
@@ -100,7 +106,13 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     f64::from(sorted[i]) / 1000.0
 }
 
-async fn run(backend: Arc<RedisBackend>, charges: Arc<Vec<Charge>>, tasks: u64, args: &Args) {
+/// One measured run; returns decisions/s.
+async fn run(
+    backend: Arc<RedisBackend>,
+    charges: Arc<Vec<Charge>>,
+    tasks: u64,
+    args: &Args,
+) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let per_task = args.requests / tasks;
     let started = Instant::now();
@@ -135,15 +147,48 @@ async fn run(backend: Arc<RedisBackend>, charges: Arc<Vec<Charge>>, tasks: u64, 
     }
     let elapsed = started.elapsed().as_secs_f64();
     latencies.sort_unstable();
+    let rate = latencies.len() as f64 / elapsed;
     println!(
-        "floodgate RedisBackend::charge, {tasks:>2} in flight: {:>8.0} decisions/s \
+        "  RedisBackend::charge, {tasks:>2} in flight: {rate:>8.0} decisions/s \
          ({} in {elapsed:.1} s, {errors} errors), p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-        latencies.len() as f64 / elapsed,
         latencies.len(),
         percentile(&latencies, 0.50),
         percentile(&latencies, 0.99),
         percentile(&latencies, 1.0),
     );
+    rate
+}
+
+/// `redis-benchmark` with the same script and ARGV: 50 connections, 16 pipelined each.
+/// Returns requests/s.
+fn redis_benchmark(port: u16, keys: u64) -> f64 {
+    let sha = ScriptSet::new()
+        .get(Algorithm::FixedWindow)
+        .get_hash()
+        .to_owned();
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-n", "200000", "-P", "16", "-r", &keys.to_string(), "--csv"])
+        .args(["EVALSHA", &sha, "1", "fg:{__rand_int__}"])
+        .args(["charge", "1", "1000", "1000000", "1000000", "0", "0", "0"])
+        .output()
+        .expect("redis-benchmark must be installed");
+    // CSV: a header line, then "test","rps","avg","min","p50","p95","p99","max".
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text.lines().nth(1).unwrap_or_default().replace('"', "");
+    let fields: Vec<&str> = row.split(',').collect();
+    let rps: f64 = fields.get(1).and_then(|f| f.parse().ok()).unwrap_or(0.0);
+    println!(
+        "  redis-benchmark -P 16 -n 200000 EVALSHA:  {rps:>8.0} requests/s (p50 {} ms, p99 {} ms)",
+        fields.get(4).unwrap_or(&"?"),
+        fields.get(6).unwrap_or(&"?"),
+    );
+    rps
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 #[tokio::main]
@@ -152,9 +197,15 @@ async fn main() {
     let server = Server::start();
     let url = format!("redis://127.0.0.1:{}", server.port);
     let backend = Arc::new(
-        RedisBackend::connect(&url, RedisOptions::default())
-            .await
-            .expect("connect"),
+        RedisBackend::connect(
+            &url,
+            RedisOptions {
+                pool_size: args.pool,
+                ..RedisOptions::default()
+            },
+        )
+        .await
+        .expect("connect"),
     );
     let policy = Policy {
         algorithm: Algorithm::FixedWindow,
@@ -181,32 +232,21 @@ async fn main() {
             .await
             .expect("warm-up");
     }
-    for tasks in [16, 64] {
-        run(backend.clone(), charges.clone(), tasks, &args).await;
+    // The machine is shared: alternate the two sides and compare medians.
+    let (mut reference, mut at16, mut at64) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        println!("round {round}/{ROUNDS}");
+        reference.push(redis_benchmark(server.port, args.keys));
+        at16.push(run(backend.clone(), charges.clone(), 16, &args).await);
+        at64.push(run(backend.clone(), charges.clone(), 64, &args).await);
     }
-
-    // The same script and ARGV from redis-benchmark: 50 connections, 16 pipelined each.
-    let sha = ScriptSet::new()
-        .get(Algorithm::FixedWindow)
-        .get_hash()
-        .to_owned();
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
-        .args([
-            "-n",
-            "200000",
-            "-P",
-            "16",
-            "-r",
-            &args.keys.to_string(),
-            "-q",
-        ])
-        .args(["EVALSHA", &sha, "1", "fg:{__rand_int__}"])
-        .args(["charge", "1", "1000", "1000000", "1000000", "0", "0", "0"])
-        .output()
-        .expect("redis-benchmark must be installed");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let summary = text.rsplit('\r').next().unwrap_or(&text).trim();
-    println!("redis-benchmark -P 16 -n 200000 EVALSHA (same script): {summary}");
+    let reference = median(reference);
+    for (tasks, rates) in [(16, at16), (64, at64)] {
+        let rate = median(rates);
+        println!(
+            "median: {tasks} in flight {rate:.0} decisions/s = {:.0}% of redis-benchmark's {reference:.0}",
+            100.0 * rate / reference
+        );
+    }
     drop(server);
 }

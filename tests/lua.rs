@@ -581,3 +581,27 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
         .unwrap();
     assert_eq!(loaded, vec![true; 4], "EVAL cached every script again");
 }
+
+#[test]
+fn sliding_log_books_and_refunds_thousands_of_units_at_once() {
+    // Lua's unpack caps the arguments of one call; the script slices ZADD and ZREM.
+    let server = RedisServer::start();
+    let mut conn = connect(&server);
+    let sl = Algorithm::SlidingLog;
+    let p = (60_000, 10_000, 10_000);
+    let key = "fg:{big-log}";
+    let a = charge(&mut conn, sl, key, 9_999, p, false, 0);
+    assert!(a.allowed);
+    assert_eq!(a.remaining, 1);
+    let b = charge(&mut conn, sl, key, 1, p, false, 0);
+    assert_eq!((b.allowed, b.remaining), (true, 0));
+    let units: u64 = conn.zcard(key).unwrap();
+    assert_eq!(units, 10_000);
+    assert!(refund(&mut conn, sl, key, 9_999, p, a.now_ms));
+    let peek = charge(&mut conn, sl, key, 0, p, false, 0);
+    assert_eq!(peek.remaining, 9_999);
+    // A full-limit request must wait for the one live unit (b) to leave.
+    let over = charge(&mut conn, sl, key, 10_000, p, false, 0);
+    assert!(!over.allowed);
+    assert_eq!(over.reset_ms, b.now_ms + 60_000 - over.now_ms);
+}

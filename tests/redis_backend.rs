@@ -399,22 +399,14 @@ async fn key_prefix_is_applied() {
     assert_eq!(server.cli(&["KEYS", "*"]), c.bucket.redis_key("tenant-a"));
 }
 
-/// `rediss://` speaks TLS and verifies the server certificate against the web PKI roots:
-/// a self-signed server is refused with a certificate error, not a protocol error.
+/// `rediss://` speaks TLS and verifies the server's certificate: against the web PKI roots
+/// by default (a private CA is refused), against `tls_ca_pem` when given.
 #[tokio::test]
 async fn rediss_urls_use_tls_and_verify_certificates() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let status = std::process::Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=127.0.0.1", "-keyout", &path("key.pem")])
-        .args(["-out", &path("cert.pem")])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl must be installed");
-    assert!(status.success());
+    let fixture = |name: &str| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+        dir.join(name).to_string_lossy().into_owned()
+    };
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -424,11 +416,11 @@ async fn rediss_urls_use_tls_and_verify_certificates() {
         "--tls-port",
         &tls_port.to_string(),
         "--tls-cert-file",
-        &path("cert.pem"),
+        &fixture("server.pem"),
         "--tls-key-file",
-        &path("key.pem"),
+        &fixture("server-key.pem"),
         "--tls-ca-cert-file",
-        &path("cert.pem"),
+        &fixture("ca.pem"),
         "--tls-auth-clients",
         "no",
     ]);
@@ -436,11 +428,22 @@ async fn rediss_urls_use_tls_and_verify_certificates() {
         std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_ok()
     });
     let url = format!("rediss://127.0.0.1:{tls_port}");
+
     let err = RedisBackend::connect(&url, options()).await.unwrap_err();
     let text = err.to_string().to_lowercase();
     assert!(
         text.contains("certificate") || text.contains("issuer"),
         "{err:?}"
     );
-    drop(server);
+
+    let trusted = RedisOptions {
+        tls_ca_pem: Some(std::fs::read(fixture("ca.pem")).unwrap()),
+        ..options()
+    };
+    let backend = RedisBackend::connect(&url, trusted).await.unwrap();
+    let c = charge(policy(Algorithm::SlidingWindow, 2, Unit::Minute), "tls", 1);
+    let outcome = backend.charge(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(outcome[0].remaining, 1);
+    // It went over TLS: the plain port saw the same bucket.
+    assert_eq!(server.cli(&["KEYS", "*"]), c.bucket.redis_key("fg"));
 }

@@ -63,7 +63,11 @@ impl ClusterBackend {
         let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
         let secrets = Secrets::of(&refs);
         let max_wait_ms = (options.timeout.as_millis() as u64).max(MIN_RETRY_WAIT_MS);
-        let client = ClusterClient::builder(refs)
+        let mut builder = ClusterClient::builder(refs);
+        if let Some(certs) = options.tls_for(&urls[0]) {
+            builder = builder.certs(certs);
+        }
+        let client = builder
             .connection_timeout(options.timeout)
             .response_timeout(options.timeout)
             .retries(CLIENT_RETRIES)

@@ -197,6 +197,7 @@ pub async fn connect(settings: &BackendSettings) -> Result<Arc<dyn Backend>, Bac
                 pool_size: *pool_size,
                 timeout: *timeout,
                 key_prefix: key_prefix.clone(),
+                ..RedisOptions::default()
             };
             Arc::new(RedisBackend::connect(url, options).await?)
         }

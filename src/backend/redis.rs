@@ -34,15 +34,30 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_KEY_PREFIX: &str = "fg";
 
 /// Settings shared by the Redis and Redis Cluster backends.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisOptions {
     /// Connections to the node (single node only; the cluster client keeps one multiplexed
-    /// connection per node).
+    /// connection per node). Calls share connections, so a few sockets carry any load; fewer
+    /// sockets batch more commands per write.
     pub pool_size: u32,
     /// Bound on every call, connecting included.
     pub timeout: Duration,
     /// Prepended to every bucket key: `<prefix>:{<hash>}`.
     pub key_prefix: String,
+    /// PEM certificates to trust for `rediss://` instead of the web PKI roots, for servers
+    /// with a private CA. Ignored for plain `redis://`.
+    pub tls_ca_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("key_prefix", &self.key_prefix)
+            .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|pem| pem.len()))
+            .finish()
+    }
 }
 
 impl Default for RedisOptions {
@@ -51,6 +66,7 @@ impl Default for RedisOptions {
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            tls_ca_pem: None,
         }
     }
 }
@@ -71,6 +87,16 @@ impl RedisOptions {
             return Err(config_error("key prefix must not contain '{' or '}'"));
         }
         Ok(())
+    }
+
+    /// The trust roots for `url`, when a private CA is configured and the URL uses TLS.
+    pub(crate) fn tls_for(&self, url: &str) -> Option<redis::TlsCertificates> {
+        let pem = self.tls_ca_pem.as_ref()?;
+        url.starts_with("rediss://")
+            .then(|| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            })
     }
 }
 
@@ -250,7 +276,11 @@ impl RedisBackend {
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend, BackendError> {
         options.validate()?;
         let secrets = Secrets::of(&[url]);
-        let client = redis::Client::open(url)
+        let client = match options.tls_for(url) {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        };
+        let client = client
             .map_err(|e| secrets.scrub(BackendError::Failed(format!("invalid Redis URL: {e}"))))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.timeout))

@@ -5,6 +5,11 @@
 //! request may live in different slots, so they run concurrently (one script call each,
 //! pipelined per node by the multiplexed connections) under one deadline.
 //! `RedisOptions::pool_size` does not apply here.
+//!
+//! Unlike the single-node backend, the client itself retries a command whose connection
+//! broke (up to `CLIENT_RETRIES`, within the call's timeout): if the script had already run
+//! on a node that then died, that one booking may count twice. It is the price of riding
+//! through failovers without failing every call in flight.
 
 use std::fmt;
 
@@ -46,7 +51,7 @@ impl fmt::Debug for ClusterBackend {
 impl ClusterBackend {
     /// Connects to the cluster through the seed nodes `urls` (`redis://` or `rediss://`,
     /// all with the same credentials), learns the slot map and loads the scripts on every
-    /// node, all within `options.timeout` each.
+    /// node; each step is bounded by `options.timeout`.
     ///
     /// # Errors
     /// `Failed` for invalid URLs or options, a refused login or a failed script load;

@@ -267,7 +267,8 @@ impl fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// Connects to the node at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`
-    /// for TLS), checks that it answers and loads the scripts, all within `options.timeout`.
+    /// for TLS), then loads the scripts; each step is bounded by `options.timeout`. The pool
+    /// then keeps `options.pool_size` sockets open and replaces failed ones on its own.
     ///
     /// # Errors
     /// `Failed` for an invalid URL or options, a refused login or a failed script load;

@@ -558,11 +558,26 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
             cost: 1,
         })
         .collect();
+    let mut conn = connect(&server);
+    let exists = |conn: &mut Connection| -> Vec<bool> {
+        redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(
+                ALL.map(|a| ScriptSet::new().get(a).get_hash().to_owned())
+                    .to_vec(),
+            )
+            .query(conn)
+            .unwrap()
+    };
+    assert_eq!(
+        exists(&mut conn),
+        vec![true; 4],
+        "connect preloads the scripts"
+    );
     let first = backend.charge(&charges).await.unwrap();
     assert!(first.iter().all(|o| o.remaining == 4));
     server.cli(&["SCRIPT", "FLUSH"]);
     // Only one script is known again: the pipeline runs it once and retries the others.
-    let mut conn = connect(&server);
     let _: String = ScriptSet::new()
         .get(Algorithm::TokenBucket)
         .load(&mut conn)
@@ -571,14 +586,7 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
     for (o, a) in second.iter().zip(ALL) {
         assert_eq!(o.remaining, 3, "{a} booked once");
     }
-    let loaded: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(
-            ALL.map(|a| ScriptSet::new().get(a).get_hash().to_owned())
-                .to_vec(),
-        )
-        .query(&mut conn)
-        .unwrap();
+    let loaded = exists(&mut conn);
     assert_eq!(loaded, vec![true; 4], "EVAL cached every script again");
 }
 

@@ -54,7 +54,7 @@ impl ClusterBackend {
     /// node; each step is bounded by `options.timeout`.
     ///
     /// # Errors
-    /// `Failed` for invalid URLs or options, a refused login or a failed script load;
+    /// `Failed` for invalid URLs or options or a refused login;
     /// `Unavailable` or `Timeout` when no seed node answers. No message contains a URL or
     /// a password.
     pub async fn connect(
@@ -96,12 +96,18 @@ impl ClusterBackend {
             options,
             secrets,
         };
+        // Best effort, as for a single node; besides, SCRIPT LOAD goes to every node and one
+        // node down (a failed replica) must not stop startup.
         for cmd in ScriptSet::load_commands() {
             let deadline = Instant::now() + backend.options.timeout;
             let mut conn = backend.conn.clone();
-            backend
+            let loaded = backend
                 .bounded(deadline, cmd.query_async::<Value>(&mut conn))
-                .await?;
+                .await;
+            if let Err(error) = loaded {
+                tracing::warn!(%error, "could not preload a Lua script; it loads on first use");
+                break;
+            }
         }
         Ok(backend)
     }

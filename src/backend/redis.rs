@@ -273,7 +273,7 @@ impl RedisBackend {
     /// then keeps `options.pool_size` sockets open and replaces failed ones on its own.
     ///
     /// # Errors
-    /// `Failed` for an invalid URL or options, a refused login or a failed script load;
+    /// `Failed` for an invalid URL or options or a refused login;
     /// `Unavailable` or `Timeout` when the node cannot be reached. No message contains the
     /// URL or the password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend, BackendError> {
@@ -326,7 +326,7 @@ impl RedisBackend {
             options,
             secrets,
         };
-        backend.load_scripts().await?;
+        backend.preload_scripts().await;
         Ok(backend)
     }
 
@@ -335,21 +335,22 @@ impl RedisBackend {
         &self.options
     }
 
-    async fn load_scripts(&self) -> Result<(), BackendError> {
+    /// Loads the scripts so that the first calls need no `EVAL` fallback. Best effort: a
+    /// failure (say, an ACL that allows `EVALSHA` but not `SCRIPT`) only costs that fallback.
+    async fn preload_scripts(&self) {
         let mut pipe = redis::pipe();
         for cmd in ScriptSet::load_commands() {
             pipe.add_command(cmd);
         }
         let deadline = Instant::now() + self.options.timeout;
-        let mut conn = self.borrow(deadline).await?;
-        let values = conn.query(&pipe, deadline).await;
-        let values = values.map_err(|e| self.secrets.scrub(e))?;
-        for value in values {
-            if let Value::ServerError(e) = value {
-                return Err(scripts::classify(&RedisError::from(e)));
-            }
+        let loaded = match self.borrow(deadline).await {
+            Ok(mut conn) => conn.query(&pipe, deadline).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(error) = loaded {
+            let error = self.secrets.scrub(error);
+            tracing::warn!(%error, "could not preload the Lua scripts; they load on first use");
         }
-        Ok(())
     }
 
     /// A connection for one call. If none is ready by `deadline`, the error says why the

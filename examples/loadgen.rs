@@ -70,7 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let client = RateLimitServiceClient::new(channels[worker % channels.len()].clone());
         let (issued, domain, key) = (Arc::clone(&issued), args.domain.clone(), args.key.clone());
         let (total, keys) = (args.requests, args.keys.max(1));
-        tasks.push(tokio::spawn(worker_loop(client, issued, total, keys, domain, key, deadline)));
+        tasks.push(tokio::spawn(worker_loop(
+            client, issued, total, keys, domain, key, deadline,
+        )));
     }
     let mut latencies = Vec::new();
     let (mut ok, mut over, mut errors) = (0u64, 0u64, 0u64);

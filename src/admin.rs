@@ -75,14 +75,20 @@ async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
                 StatusCode::OK
             };
             match serde_json::to_string(&response) {
-                Ok(text) => (status, [(header::CONTENT_TYPE, "application/json")], text).into_response(),
-                Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+                Ok(text) => {
+                    (status, [(header::CONTENT_TYPE, "application/json")], text).into_response()
+                }
+                Err(error) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+                }
             }
         }
         Err(DecideError::Invalid(invalid)) => bad_request(invalid.0),
-        Err(DecideError::Unavailable(_)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, "rate limit backend unavailable\n").into_response()
-        }
+        Err(DecideError::Unavailable(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rate limit backend unavailable\n",
+        )
+            .into_response(),
     }
 }
 

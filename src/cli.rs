@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::backend::BackendSettings;
 pub use crate::headers::HeaderMode as ResponseHeaders;
 pub use crate::limiter::FailureMode;
-pub use crate::telemetry::LogFormat;
-use crate::backend::BackendSettings;
 use crate::limiter::LimiterOptions;
 use crate::server::Settings;
+pub use crate::telemetry::LogFormat;
 
 /// `--version` output: the crate version and the git revision it was built from
 /// (`unknown` when built outside a git checkout).
@@ -179,13 +179,21 @@ impl ServeArgs {
                 max_buckets: self.memory_max_buckets,
             },
             BackendKind::Redis => BackendSettings::Redis {
-                url: self.redis_url.first().map(|url| url.as_str().to_owned()).unwrap_or_default(),
+                url: self
+                    .redis_url
+                    .first()
+                    .map(|url| url.as_str().to_owned())
+                    .unwrap_or_default(),
                 pool_size: self.redis_pool_size,
                 key_prefix,
                 timeout,
             },
             BackendKind::RedisCluster => BackendSettings::Cluster {
-                urls: self.redis_url.iter().map(|url| url.as_str().to_owned()).collect(),
+                urls: self
+                    .redis_url
+                    .iter()
+                    .map(|url| url.as_str().to_owned())
+                    .collect(),
                 key_prefix,
                 timeout,
             },

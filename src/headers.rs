@@ -18,7 +18,6 @@ pub enum HeaderMode {
     Legacy,
 }
 
-
 /// The headers `mode` asks for, as (name, value) pairs in emission order.
 pub fn build(mode: HeaderMode, response: &Response) -> Vec<(&'static str, String)> {
     match mode {
@@ -88,7 +87,10 @@ fn legacy(response: &Response) -> Vec<(&'static str, String)> {
     vec![
         ("RateLimit-Limit", limit.requests_per_unit.to_string()),
         ("RateLimit-Remaining", status.limit_remaining.to_string()),
-        ("RateLimit-Reset", status.reset_seconds.unwrap_or(0).to_string()),
+        (
+            "RateLimit-Reset",
+            status.reset_seconds.unwrap_or(0).to_string(),
+        ),
     ]
 }
 
@@ -118,7 +120,14 @@ mod tests {
     use crate::rules::Unit;
     use std::time::Duration;
 
-    fn status(code: Code, label: &str, limit: u32, window_s: u64, remaining: u32, reset: u64) -> Status {
+    fn status(
+        code: Code,
+        label: &str,
+        limit: u32,
+        window_s: u64,
+        remaining: u32,
+        reset: u64,
+    ) -> Status {
         Status {
             code,
             current_limit: Some(CurrentLimit {
@@ -150,8 +159,14 @@ mod tests {
         assert_eq!(
             build(HeaderMode::Ietf, &r),
             vec![
-                ("RateLimit-Policy", "\"per-user\";q=10;w=60, \"path_/login\";q=5;w=300".to_string()),
-                ("RateLimit", "\"per-user\";r=7;t=48, \"path_/login\";r=4;t=200".to_string()),
+                (
+                    "RateLimit-Policy",
+                    "\"per-user\";q=10;w=60, \"path_/login\";q=5;w=300".to_string()
+                ),
+                (
+                    "RateLimit",
+                    "\"per-user\";r=7;t=48, \"path_/login\";r=4;t=200".to_string()
+                ),
             ]
         );
     }
@@ -189,9 +204,15 @@ mod tests {
         );
         let ok = response(
             Code::Ok,
-            vec![status(Code::Ok, "a", 100, 60, 50, 10), status(Code::Ok, "b", 5, 60, 3, 30)],
+            vec![
+                status(Code::Ok, "a", 100, 60, 50, 10),
+                status(Code::Ok, "b", 5, 60, 3, 30),
+            ],
         );
-        assert_eq!(build(HeaderMode::Legacy, &ok)[0], ("RateLimit-Limit", "5".to_string()));
+        assert_eq!(
+            build(HeaderMode::Legacy, &ok)[0],
+            ("RateLimit-Limit", "5".to_string())
+        );
     }
 
     #[test]

@@ -71,10 +71,16 @@ impl Health {
 
     /// Pings the backend forever, tracking readiness. `grace` is how long failures may last
     /// before the service reports NOT_SERVING; `timeout` bounds each ping.
-    pub async fn monitor(self: Arc<Self>, backend: Arc<dyn Backend>, grace: Duration, timeout: Duration) {
+    pub async fn monitor(
+        self: Arc<Self>,
+        backend: Arc<dyn Backend>,
+        grace: Duration,
+        timeout: Duration,
+    ) {
         let mut failing_since: Option<Instant> = None;
         loop {
-            let ping = tokio::time::timeout(timeout.max(Duration::from_millis(100)), backend.ping()).await;
+            let ping =
+                tokio::time::timeout(timeout.max(Duration::from_millis(100)), backend.ping()).await;
             match ping {
                 Ok(Ok(())) => {
                     if failing_since.take().is_some() {

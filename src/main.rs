@@ -39,7 +39,10 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
 /// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails.
 fn serve(args: &ServeArgs) -> ExitCode {
     telemetry::init(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("floodgate: cannot start the async runtime: {error}");
@@ -49,8 +52,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
     let settings = args.settings();
     tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
     let result = runtime.block_on(async {
+        let stop = shutdown::signal();
         let server = Server::bind(settings).await?;
-        server.serve(shutdown::signal()).await
+        server.serve(stop).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

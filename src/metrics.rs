@@ -105,11 +105,31 @@ impl Metrics {
         let per_rule = PerRuleFamilies::default();
         {
             let rl = registry.sub_registry_with_prefix("ratelimit_service_rate_limit");
-            rl.register("total_hits", "Hits per rule, weighted by cost", per_rule.total_hits.clone());
-            rl.register("over_limit", "Hits denied per rule", per_rule.over_limit.clone());
-            rl.register("near_limit", "Hits admitted past 80% of the limit", per_rule.near_limit.clone());
-            rl.register("within_limit", "Hits admitted per rule", per_rule.within_limit.clone());
-            rl.register("shadow_mode", "Over-limit hits of shadow-mode rules", per_rule.shadow_mode.clone());
+            rl.register(
+                "total_hits",
+                "Hits per rule, weighted by cost",
+                per_rule.total_hits.clone(),
+            );
+            rl.register(
+                "over_limit",
+                "Hits denied per rule",
+                per_rule.over_limit.clone(),
+            );
+            rl.register(
+                "near_limit",
+                "Hits admitted past 80% of the limit",
+                per_rule.near_limit.clone(),
+            );
+            rl.register(
+                "within_limit",
+                "Hits admitted per rule",
+                per_rule.within_limit.clone(),
+            );
+            rl.register(
+                "shadow_mode",
+                "Over-limit hits of shadow-mode rules",
+                per_rule.shadow_mode.clone(),
+            );
             rl.register(
                 "over_limit_with_local_cache",
                 "Hits denied from the local over-limit cache",
@@ -132,17 +152,60 @@ impl Metrics {
             registry: Registry::default(),
         };
         let fg = registry.sub_registry_with_prefix("floodgate");
-        fg.register("request_latency_seconds", "ShouldRateLimit latency", metrics.request_latency.clone());
-        fg.register("backend_latency_seconds", "Backend round-trip latency", metrics.backend_latency.clone());
-        fg.register("backend_errors", "Backend failures by kind", metrics.backend_errors.clone());
-        fg.register("failure_mode", "Requests answered by the failure mode", metrics.failure_mode.clone());
-        fg.register("refund_errors", "Refunds that could not be applied", metrics.refund_errors.clone());
-        fg.register("config_load_success", "Config loads applied", metrics.config_load_success.clone());
-        fg.register("config_load_error", "Config loads rejected", metrics.config_load_error.clone());
-        fg.register("loaded_rules", "Rules in the active config", metrics.loaded_rules.clone());
-        fg.register("local_cache_hits", "Decisions answered by the local over-limit cache", metrics.local_cache_hits.clone());
-        fg.register("invalid_requests", "Requests rejected as invalid", metrics.invalid_requests.clone());
-        Metrics { registry, ..metrics }
+        fg.register(
+            "request_latency_seconds",
+            "ShouldRateLimit latency",
+            metrics.request_latency.clone(),
+        );
+        fg.register(
+            "backend_latency_seconds",
+            "Backend round-trip latency",
+            metrics.backend_latency.clone(),
+        );
+        fg.register(
+            "backend_errors",
+            "Backend failures by kind",
+            metrics.backend_errors.clone(),
+        );
+        fg.register(
+            "failure_mode",
+            "Requests answered by the failure mode",
+            metrics.failure_mode.clone(),
+        );
+        fg.register(
+            "refund_errors",
+            "Refunds that could not be applied",
+            metrics.refund_errors.clone(),
+        );
+        fg.register(
+            "config_load_success",
+            "Config loads applied",
+            metrics.config_load_success.clone(),
+        );
+        fg.register(
+            "config_load_error",
+            "Config loads rejected",
+            metrics.config_load_error.clone(),
+        );
+        fg.register(
+            "loaded_rules",
+            "Rules in the active config",
+            metrics.loaded_rules.clone(),
+        );
+        fg.register(
+            "local_cache_hits",
+            "Decisions answered by the local over-limit cache",
+            metrics.local_cache_hits.clone(),
+        );
+        fg.register(
+            "invalid_requests",
+            "Requests rejected as invalid",
+            metrics.invalid_requests.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
     }
 
     /// The counters of one rule (domain, metric key), created on first use.
@@ -172,14 +235,18 @@ impl Metrics {
     /// Counts one backend failure.
     pub fn backend_error(&self, kind: &str) {
         self.backend_errors
-            .get_or_create(&KindLabels { kind: kind.to_owned() })
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
             .inc();
     }
 
     /// Counts one request answered by the failure mode.
     pub fn failure_mode_used(&self, mode: &str) {
         self.failure_mode
-            .get_or_create(&KindLabels { kind: mode.to_owned() })
+            .get_or_create(&KindLabels {
+                kind: mode.to_owned(),
+            })
             .inc();
     }
 
@@ -211,7 +278,9 @@ mod tests {
         assert!(text.contains(
             "ratelimit_service_rate_limit_total_hits_total{domain=\"api\",key=\"path_/login\"} 3"
         ));
-        assert!(text.contains("ratelimit_service_rate_limit_over_limit_total{domain=\"api\",key=\"path_/login\"} 1"));
+        assert!(text.contains(
+            "ratelimit_service_rate_limit_over_limit_total{domain=\"api\",key=\"path_/login\"} 1"
+        ));
         assert!(text.contains("floodgate_backend_errors_total{kind=\"timeout\"} 1"));
     }
 }

@@ -45,8 +45,8 @@ pub mod envoy {
 
 pub use envoy::config::core::v3 as core;
 pub use envoy::extensions::common::ratelimit::v3 as common;
-pub use envoy::r#type::v3 as types;
 pub use envoy::service::ratelimit::v3 as rls;
+pub use envoy::r#type::v3 as types;
 
 /// Encoded descriptor set of every message above.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -122,19 +122,26 @@ impl Server {
 
     /// The bound gRPC address.
     pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc_listener.local_addr().expect("bound listener has an address")
+        self.grpc_listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     /// The bound admin HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
-        self.http_listener.local_addr().expect("bound listener has an address")
+        self.http_listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     /// Serves until `shutdown` resolves, then drains.
     ///
     /// # Errors
     /// A server failed while running.
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
         let (grpc_addr, http_addr) = (self.grpc_addr(), self.http_addr());
         tracing::info!(
             backend = self.backend.name(),
@@ -210,8 +217,10 @@ impl Server {
 }
 
 async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr).await.map_err(|source| ServerError::Bind {
-        addr: addr.to_owned(),
-        source,
-    })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
 }

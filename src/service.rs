@@ -165,7 +165,9 @@ pub fn to_request(request: &RateLimitRequest) -> Result<Request, InvalidRequest>
                     .iter()
                     .map(|entry| (entry.key.clone(), entry.value.clone()))
                     .collect(),
-                cost: descriptor.hits_addend.map_or(request_cost, |addend| addend.value),
+                cost: descriptor
+                    .hits_addend
+                    .map_or(request_cost, |addend| addend.value),
                 limit_override,
             })
         })
@@ -278,12 +280,15 @@ mod tests {
         five.hits_addend = Some(5u64.into());
         let plain = descriptor(&[("k", "v")]);
         let costs = |hits| {
-            to_request(&request(vec![peek.clone(), five.clone(), plain.clone()], hits))
-                .unwrap()
-                .descriptors
-                .iter()
-                .map(|d| d.cost)
-                .collect::<Vec<_>>()
+            to_request(&request(
+                vec![peek.clone(), five.clone(), plain.clone()],
+                hits,
+            ))
+            .unwrap()
+            .descriptors
+            .iter()
+            .map(|d| d.cost)
+            .collect::<Vec<_>>()
         };
         assert_eq!(costs(0), vec![0, 5, 1]);
         assert_eq!(costs(3), vec![0, 5, 3]);
@@ -293,12 +298,24 @@ mod tests {
     fn bad_requests_are_invalid_argument() {
         let too_many = request(vec![descriptor(&[("k", "v")]); 65], 0);
         let cases = [
-            (RateLimitRequest { domain: String::new(), ..request(vec![descriptor(&[("k", "v")])], 0) }, "domain"),
+            (
+                RateLimitRequest {
+                    domain: String::new(),
+                    ..request(vec![descriptor(&[("k", "v")])], 0)
+                },
+                "domain",
+            ),
             (request(vec![], 0), "descriptor"),
             (request(vec![descriptor(&[])], 0), "no entries"),
             (request(vec![descriptor(&[("", "v")])], 0), "key is empty"),
-            (request(vec![descriptor(&[("k", &"v".repeat(4097))])], 0), "longer than"),
-            (request(vec![descriptor(&vec![("k", "v"); 33])], 0), "more than 32"),
+            (
+                request(vec![descriptor(&[("k", &"v".repeat(4097))])], 0),
+                "longer than",
+            ),
+            (
+                request(vec![descriptor(&vec![("k", "v"); 33])], 0),
+                "more than 32",
+            ),
             (too_many, "exceed"),
         ];
         for (req, needle) in cases {
@@ -312,15 +329,27 @@ mod tests {
     #[test]
     fn overrides_need_a_known_unit() {
         let mut d = descriptor(&[("k", "v")]);
-        d.limit = Some(RateLimitOverride { requests_per_unit: 5, unit: RateLimitUnit::Minute as i32 });
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: RateLimitUnit::Minute as i32,
+        });
         let parsed = to_request(&request(vec![d.clone()], 0)).unwrap();
         assert_eq!(
             parsed.descriptors[0].limit_override,
-            Some(LimitOverride { requests_per_unit: 5, unit: Unit::Minute })
+            Some(LimitOverride {
+                requests_per_unit: 5,
+                unit: Unit::Minute
+            })
         );
-        d.limit = Some(RateLimitOverride { requests_per_unit: 5, unit: 0 });
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 0,
+        });
         assert!(to_request(&request(vec![d.clone()], 0)).is_err());
-        d.limit = Some(RateLimitOverride { requests_per_unit: 5, unit: 99 });
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 99,
+        });
         assert!(to_request(&request(vec![d], 0)).is_err());
     }
 
@@ -357,7 +386,10 @@ mod tests {
         // Golden bytes from the wire facts (shared/envoy-rls-wire.md section 5).
         assert_eq!(
             encoded,
-            [0x08, 0x01, 0x12, 0x0d, 0x08, 0x01, 0x12, 0x07, 0x08, 0x01, 0x10, 0x07, 0x1a, 0x01, 0x6e, 0x18, 0x03]
+            [
+                0x08, 0x01, 0x12, 0x0d, 0x08, 0x01, 0x12, 0x07, 0x08, 0x01, 0x10, 0x07, 0x1a, 0x01,
+                0x6e, 0x18, 0x03
+            ]
         );
     }
 }

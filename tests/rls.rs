@@ -8,9 +8,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 const API: &str = r#"
 domain: api
@@ -39,23 +39,41 @@ async fn fixed_window_counts_down_then_denies() {
     let server = TestServer::start(&[("api.yaml", API)]).await;
     let mut client = server.client().await;
     for expected_remaining in [2, 1, 0] {
-        let response = should_rate_limit(&mut client, request("api", vec![descriptor(&[("remote_address", "10.0.0.1")])])).await;
+        let response = should_rate_limit(
+            &mut client,
+            request("api", vec![descriptor(&[("remote_address", "10.0.0.1")])]),
+        )
+        .await;
         assert_eq!(response.overall_code, OK);
         let status = &response.statuses[0];
         assert_eq!(status.code, OK);
         assert_eq!(status.limit_remaining, expected_remaining);
         let limit = status.current_limit.as_ref().expect("current_limit");
-        assert_eq!((limit.requests_per_unit, limit.unit), (3, Unit::Minute as i32));
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, Unit::Minute as i32)
+        );
         let reset = status.duration_until_reset.as_ref().expect("reset").seconds;
         assert!((1..=60).contains(&reset), "reset {reset}");
     }
-    let response = should_rate_limit(&mut client, request("api", vec![descriptor(&[("remote_address", "10.0.0.1")])])).await;
+    let response = should_rate_limit(
+        &mut client,
+        request("api", vec![descriptor(&[("remote_address", "10.0.0.1")])]),
+    )
+    .await;
     assert_eq!(response.overall_code, OVER);
     assert_eq!(response.statuses[0].code, OVER);
     assert_eq!(response.statuses[0].limit_remaining, 0);
     // Another address has its own bucket.
-    let other = should_rate_limit(&mut client, request("api", vec![descriptor(&[("remote_address", "10.0.0.2")])])).await;
-    assert_eq!((other.overall_code, other.statuses[0].limit_remaining), (OK, 2));
+    let other = should_rate_limit(
+        &mut client,
+        request("api", vec![descriptor(&[("remote_address", "10.0.0.2")])]),
+    )
+    .await;
+    assert_eq!(
+        (other.overall_code, other.statuses[0].limit_remaining),
+        (OK, 2)
+    );
     server.stop().await;
 }
 
@@ -65,12 +83,15 @@ async fn statuses_follow_request_order_and_unmatched_descriptors_pass() {
     let mut client = server.client().await;
     let response = should_rate_limit(
         &mut client,
-        request("api", vec![
-            descriptor(&[("nothing", "here")]),
-            descriptor(&[("path", "/login")]),
-            descriptor(&[("internal", "x")]),
-            descriptor(&[("plan", "free"), ("user", "u1")]),
-        ]),
+        request(
+            "api",
+            vec![
+                descriptor(&[("nothing", "here")]),
+                descriptor(&[("path", "/login")]),
+                descriptor(&[("internal", "x")]),
+                descriptor(&[("plan", "free"), ("user", "u1")]),
+            ],
+        ),
     )
     .await;
     assert_eq!(response.overall_code, OK);
@@ -83,12 +104,23 @@ async fn statuses_follow_request_order_and_unmatched_descriptors_pass() {
     assert!(response.statuses[2].current_limit.is_none());
     assert_eq!(response.statuses[3].limit_remaining, 4);
 
-    let unknown = should_rate_limit(&mut client, request("nope", vec![descriptor(&[("path", "/login")])])).await;
+    let unknown = should_rate_limit(
+        &mut client,
+        request("nope", vec![descriptor(&[("path", "/login")])]),
+    )
+    .await;
     assert_eq!(unknown.overall_code, OK);
     assert!(unknown.statuses[0].current_limit.is_none());
 
-    let blocked = should_rate_limit(&mut client, request("api", vec![descriptor(&[("blocked", "x")])])).await;
-    assert_eq!((blocked.overall_code, blocked.statuses[0].code), (OVER, OVER));
+    let blocked = should_rate_limit(
+        &mut client,
+        request("api", vec![descriptor(&[("blocked", "x")])]),
+    )
+    .await;
+    assert_eq!(
+        (blocked.overall_code, blocked.statuses[0].code),
+        (OVER, OVER)
+    );
     server.stop().await;
 }
 
@@ -100,26 +132,48 @@ async fn hits_addend_peek_and_refund_on_overall_denial() {
     // Request-level cost 2.
     let mut two = request("api", vec![addr()]);
     two.hits_addend = 2;
-    assert_eq!(should_rate_limit(&mut client, two).await.statuses[0].limit_remaining, 1);
+    assert_eq!(
+        should_rate_limit(&mut client, two).await.statuses[0].limit_remaining,
+        1
+    );
     // A descriptor-level 0 is a peek: nothing booked.
     let mut peek = addr();
     peek.hits_addend = Some(UInt64Value { value: 0 });
     let response = should_rate_limit(&mut client, request("api", vec![peek])).await;
-    assert_eq!((response.overall_code, response.statuses[0].limit_remaining), (OK, 1));
+    assert_eq!(
+        (response.overall_code, response.statuses[0].limit_remaining),
+        (OK, 1)
+    );
     // The last unit of the address plus a blocked descriptor: overall OVER, so the address
     // bucket is refunded and reports its pre-request remaining.
-    let response = should_rate_limit(&mut client, request("api", vec![addr(), descriptor(&[("blocked", "x")])])).await;
+    let response = should_rate_limit(
+        &mut client,
+        request("api", vec![addr(), descriptor(&[("blocked", "x")])]),
+    )
+    .await;
     assert_eq!(response.overall_code, OVER);
-    assert_eq!((response.statuses[0].code, response.statuses[0].limit_remaining), (OK, 1));
+    assert_eq!(
+        (
+            response.statuses[0].code,
+            response.statuses[0].limit_remaining
+        ),
+        (OK, 1)
+    );
     // Still one left: the denied request consumed nothing.
     let response = should_rate_limit(&mut client, request("api", vec![addr()])).await;
-    assert_eq!((response.overall_code, response.statuses[0].limit_remaining), (OK, 0));
+    assert_eq!(
+        (response.overall_code, response.statuses[0].limit_remaining),
+        (OK, 0)
+    );
     // Descriptor-level cost overrides the request's.
     let mut big = descriptor(&[("remote_address", "2.2.2.2")]);
     big.hits_addend = Some(UInt64Value { value: 3 });
     let mut req = request("api", vec![big]);
     req.hits_addend = 1;
-    assert_eq!(should_rate_limit(&mut client, req).await.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        should_rate_limit(&mut client, req).await.statuses[0].limit_remaining,
+        0
+    );
     server.stop().await;
 }
 
@@ -128,10 +182,16 @@ async fn limit_override_replaces_the_configured_limit() {
     let server = TestServer::start(&[("api.yaml", API)]).await;
     let mut client = server.client().await;
     let mut d = descriptor(&[("remote_address", "3.3.3.3")]);
-    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: RateLimitUnit::Hour as i32 });
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: RateLimitUnit::Hour as i32,
+    });
     let first = should_rate_limit(&mut client, request("api", vec![d.clone()])).await;
     let limit = first.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.unit), (1, Unit::Hour as i32));
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Hour as i32)
+    );
     assert_eq!(first.overall_code, OK);
     let second = should_rate_limit(&mut client, request("api", vec![d])).await;
     assert_eq!(second.overall_code, OVER);
@@ -158,10 +218,20 @@ async fn bad_input_is_invalid_argument_and_the_server_keeps_answering() {
         assert!(!error.message().is_empty());
     }
     let mut unknown_unit = descriptor(&[("remote_address", "x")]);
-    unknown_unit.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 0 });
-    let error = client.should_rate_limit(request("api", vec![unknown_unit])).await.expect_err("rejected");
+    unknown_unit.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let error = client
+        .should_rate_limit(request("api", vec![unknown_unit]))
+        .await
+        .expect_err("rejected");
     assert_eq!(error.code(), tonic::Code::InvalidArgument);
-    let fine = should_rate_limit(&mut client, request("api", vec![descriptor(&[("remote_address", "ok")])])).await;
+    let fine = should_rate_limit(
+        &mut client,
+        request("api", vec![descriptor(&[("remote_address", "ok")])]),
+    )
+    .await;
     assert_eq!(fine.overall_code, OK);
     server.stop().await;
 }
@@ -175,7 +245,9 @@ async fn health_reports_serving_for_both_names() {
         // Readiness flips once the first backend ping answers; poll briefly.
         for _ in 0..50 {
             let response = health
-                .check(HealthCheckRequest { service: service.into() })
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
                 .await
                 .expect("health check");
             status = response.into_inner().status();
@@ -186,7 +258,10 @@ async fn health_reports_serving_for_both_names() {
         }
         assert_eq!(status, ServingStatus::Serving, "service {service:?}");
     }
-    assert_eq!(http("GET", &server.http_url("/healthcheck"), "").await, (200, "OK".into()));
+    assert_eq!(
+        http("GET", &server.http_url("/healthcheck"), "").await,
+        (200, "OK".into())
+    );
     assert_eq!(http("GET", &server.http_url("/livez"), "").await.0, 200);
     server.stop().await;
 }
@@ -215,12 +290,22 @@ async fn admin_json_metrics_and_rlconfig() {
     }
     let (status, metrics) = http("GET", &server.http_url("/metrics"), "").await;
     assert_eq!(status, 200);
-    assert!(metrics.contains(r#"ratelimit_service_rate_limit_total_hits_total{domain="api",key="path_/login"} 3"#), "{metrics}");
-    assert!(metrics.contains(r#"ratelimit_service_rate_limit_over_limit_total{domain="api",key="path_/login"} 1"#));
+    assert!(
+        metrics.contains(
+            r#"ratelimit_service_rate_limit_total_hits_total{domain="api",key="path_/login"} 3"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        r#"ratelimit_service_rate_limit_over_limit_total{domain="api",key="path_/login"} 1"#
+    ));
     assert!(metrics.contains("floodgate_request_latency_seconds"));
     let (status, rules) = http("GET", &server.http_url("/rlconfig"), "").await;
     assert_eq!(status, 200);
-    assert!(rules.contains("api.path_/login: unit=HOUR requests_per_unit=2"), "{rules}");
+    assert!(
+        rules.contains("api.path_/login: unit=HOUR requests_per_unit=2"),
+        "{rules}"
+    );
     assert_eq!(rules.lines().count(), 5, "{rules}");
     server.stop().await;
 }

@@ -144,19 +144,45 @@ impl std::fmt::Debug for BackendSettings {
                 .debug_struct("Memory")
                 .field("max_buckets", max_buckets)
                 .finish(),
-            BackendSettings::Redis { pool_size, key_prefix, timeout, .. } => f
+            BackendSettings::Redis {
+                pool_size,
+                key_prefix,
+                timeout,
+                ..
+            } => f
                 .debug_struct("Redis")
                 .field("url", &"<redacted>")
                 .field("pool_size", pool_size)
                 .field("key_prefix", key_prefix)
                 .field("timeout", timeout)
                 .finish(),
-            BackendSettings::Cluster { urls, key_prefix, timeout } => f
+            BackendSettings::Cluster {
+                urls,
+                key_prefix,
+                timeout,
+            } => f
                 .debug_struct("Cluster")
                 .field("urls", &format!("<{} redacted>", urls.len()))
                 .field("key_prefix", key_prefix)
                 .field("timeout", timeout)
                 .finish(),
         }
+    }
+}
+
+/// Builds the backend the settings ask for.
+///
+/// # Errors
+/// Settings that cannot work (e.g. an invalid URL); see each backend's `connect`.
+pub async fn connect(
+    settings: &BackendSettings,
+) -> Result<std::sync::Arc<dyn Backend>, BackendError> {
+    match settings {
+        BackendSettings::Memory { max_buckets } => Ok(std::sync::Arc::new(
+            memory::MemoryBackend::new(*max_buckets),
+        )),
+        BackendSettings::Redis { .. } | BackendSettings::Cluster { .. } => Err(
+            BackendError::Failed("the Redis backends are not part of this build".into()),
+        ),
     }
 }

@@ -49,7 +49,12 @@ mod tests {
     use crate::rules::{Policy, Unit};
 
     fn bucket(value: &str) -> BucketKey {
-        BucketKey::new("d", "k", [("k", value)], &Policy::fixed_window(1, Unit::Second))
+        BucketKey::new(
+            "d",
+            "k",
+            [("k", value)],
+            &Policy::fixed_window(1, Unit::Second),
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -57,10 +62,16 @@ mod tests {
         let cache = OverLimitCache::new(8);
         cache.insert(bucket("a"), 1500);
         cache.insert(bucket("zero"), 0);
-        assert_eq!(cache.exhausted_for(&bucket("a")), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            cache.exhausted_for(&bucket("a")),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(cache.exhausted_for(&bucket("zero")), None);
         tokio::time::advance(Duration::from_millis(1499)).await;
-        assert_eq!(cache.exhausted_for(&bucket("a")), Some(Duration::from_millis(1)));
+        assert_eq!(
+            cache.exhausted_for(&bucket("a")),
+            Some(Duration::from_millis(1))
+        );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(cache.exhausted_for(&bucket("a")), None);
     }

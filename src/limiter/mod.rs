@@ -259,7 +259,10 @@ impl Limiter {
                     }
                 })
                 .collect();
-            match self.backend_call(deadline, self.backend.charge(&charges)).await {
+            match self
+                .backend_call(deadline, self.backend.charge(&charges))
+                .await
+            {
                 Ok(results) => {
                     for (&i, outcome) in to_charge.iter().zip(results) {
                         limited_of(&plans[i]).record(&outcome, false);
@@ -306,7 +309,11 @@ impl Limiter {
                     return Plan::Done(Status::unlimited());
                 };
                 let policy = *policy;
-                if rule.name.as_deref().is_some_and(|name| replaced.contains(name)) {
+                if rule
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| replaced.contains(name))
+                {
                     return Plan::Done(Status::unmatched());
                 }
                 let limited = Limited {
@@ -424,7 +431,9 @@ impl Limiter {
             }
         }
         if !refunds.is_empty()
-            && let Err(error) = self.backend_call(deadline, self.backend.refund(&refunds)).await
+            && let Err(error) = self
+                .backend_call(deadline, self.backend.refund(&refunds))
+                .await
         {
             self.metrics.refund_errors.inc();
             tracing::warn!(%error, "refund failed; the over-limit request's bookings stand");
@@ -452,7 +461,9 @@ impl Limiter {
         let (overall, limited_status): (Code, fn(&Limited) -> Status) = match mode {
             FailureMode::Error => return Err(LimitError::Backend(error)),
             FailureMode::Allow => (Code::Ok, |_| Status::unmatched()),
-            FailureMode::Deny => (Code::OverLimit, |limited| limited.status(Code::OverLimit, 0, 0)),
+            FailureMode::Deny => (Code::OverLimit, |limited| {
+                limited.status(Code::OverLimit, 0, 0)
+            }),
         };
         let statuses = plans
             .iter()

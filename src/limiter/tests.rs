@@ -37,14 +37,21 @@ fn node(key: &str, rule: Rule) -> DescriptorRule {
 }
 
 fn fixture_with(nodes: Vec<DescriptorRule>, options: LimiterOptions) -> Fixture {
-    let clock = Arc::new(ManualClock::new(1_700_000_000_000 - 1_700_000_000_000 % 60_000 + 12_300));
+    let clock = Arc::new(ManualClock::new(
+        1_700_000_000_000 - 1_700_000_000_000 % 60_000 + 12_300,
+    ));
     let backend = MemoryBackend::with_clock(10_000, clock.clone());
     let matcher = Matcher::new(vec![DomainRules {
         domain: "d".into(),
         descriptors: nodes,
     }]);
     Fixture {
-        limiter: Limiter::new(matcher, Arc::new(backend), Arc::new(Metrics::new()), options),
+        limiter: Limiter::new(
+            matcher,
+            Arc::new(backend),
+            Arc::new(Metrics::new()),
+            options,
+        ),
         clock,
     }
 }
@@ -82,7 +89,10 @@ impl Fixture {
 
 #[tokio::test]
 async fn fixed_window_vector_through_the_whole_request_path() {
-    let f = fixture(vec![node("k", rule("k", Policy::fixed_window(5, Unit::Minute)))]);
+    let f = fixture(vec![node(
+        "k",
+        rule("k", Policy::fixed_window(5, Unit::Minute)),
+    )]);
     assert_eq!(f.one("k", 2).await, (Code::Ok, 3, Some(48)));
     assert_eq!(f.one("k", 4).await, (Code::OverLimit, 0, Some(48)));
     assert_eq!(f.one("k", 3).await, (Code::Ok, 0, Some(48)));
@@ -98,7 +108,9 @@ async fn replaced_limits_are_dropped() {
     let mut premium = rule("premium", Policy::fixed_window(10, Unit::Second));
     premium.replaces = vec!["base".into()];
     let f = fixture(vec![node("base", base), node("premium", premium)]);
-    let response = f.ask(vec![desc("base", "v", 1), desc("premium", "v", 1)]).await;
+    let response = f
+        .ask(vec![desc("base", "v", 1), desc("premium", "v", 1)])
+        .await;
     assert_eq!(response.overall, Code::Ok);
     assert_eq!(response.statuses[0], Status::unmatched());
     assert_eq!(response.statuses[1].limit_remaining, 9);
@@ -114,9 +126,18 @@ async fn shadow_rules_report_ok_with_zero_remaining() {
     assert_eq!(f.one("s", 1).await, (Code::Ok, 0, Some(48)));
     let response = f.ask(vec![desc("s", "v", 1)]).await;
     assert_eq!(response.overall, Code::Ok);
-    assert_eq!((response.statuses[0].code, response.statuses[0].limit_remaining), (Code::Ok, 0));
+    assert_eq!(
+        (
+            response.statuses[0].code,
+            response.statuses[0].limit_remaining
+        ),
+        (Code::Ok, 0)
+    );
     let text = f.limiter.metrics().encode();
-    assert!(text.contains(r#"ratelimit_service_rate_limit_shadow_mode_total{domain="d",key="s"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"ratelimit_service_rate_limit_shadow_mode_total{domain="d",key="s"} 1"#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -169,10 +190,22 @@ async fn over_limit_requests_are_refunded_but_consume_rules_keep_their_cost() {
         node("c", rule("c", consume)),
         node("z", rule("z", Policy::fixed_window(0, Unit::Minute))),
     ]);
-    let response = f.ask(vec![desc("r", "v", 2), desc("c", "v", 2), desc("z", "v", 1)]).await;
+    let response = f
+        .ask(vec![
+            desc("r", "v", 2),
+            desc("c", "v", 2),
+            desc("z", "v", 1),
+        ])
+        .await;
     assert_eq!(response.overall, Code::OverLimit);
-    assert_eq!(response.statuses[0].limit_remaining, 5, "pre-request remaining");
-    assert_eq!(response.statuses[1].limit_remaining, 3, "consume keeps its booking");
+    assert_eq!(
+        response.statuses[0].limit_remaining, 5,
+        "pre-request remaining"
+    );
+    assert_eq!(
+        response.statuses[1].limit_remaining, 3,
+        "consume keeps its booking"
+    );
     assert_eq!(f.one("r", 0).await.1, 5);
     assert_eq!(f.one("c", 0).await.1, 3);
     // A consume rule books even its own denial.
@@ -186,12 +219,17 @@ async fn local_cache_answers_exhausted_buckets() {
         local_cache_entries: 100,
         ..LimiterOptions::default()
     };
-    let f = fixture_with(vec![node("k", rule("k", Policy::fixed_window(1, Unit::Hour)))], options);
+    let f = fixture_with(
+        vec![node("k", rule("k", Policy::fixed_window(1, Unit::Hour)))],
+        options,
+    );
     assert_eq!(f.one("k", 1).await.0, Code::Ok);
     assert_eq!(f.one("k", 1).await.0, Code::OverLimit);
     assert_eq!(f.limiter.metrics().local_cache_hits.get(), 1);
     let text = f.limiter.metrics().encode();
-    assert!(text.contains(r#"ratelimit_service_rate_limit_over_limit_with_local_cache_total{domain="d",key="k"} 1"#));
+    assert!(text.contains(
+        r#"ratelimit_service_rate_limit_over_limit_with_local_cache_total{domain="d",key="k"} 1"#
+    ));
     // Another value is another bucket, not cached.
     let other = f.ask(vec![desc("k", "other", 1)]).await;
     assert_eq!(other.overall, Code::Ok);
@@ -199,14 +237,23 @@ async fn local_cache_answers_exhausted_buckets() {
 
 #[tokio::test]
 async fn limit_overrides_count_in_their_own_bucket() {
-    let f = fixture(vec![node("k", rule("k", Policy::fixed_window(100, Unit::Minute)))]);
+    let f = fixture(vec![node(
+        "k",
+        rule("k", Policy::fixed_window(100, Unit::Minute)),
+    )]);
     let mut overridden = desc("k", "v", 1);
     overridden.limit_override = Some(LimitOverride {
         requests_per_unit: 1,
         unit: Unit::Minute,
     });
     let first = f.ask(vec![overridden.clone()]).await;
-    assert_eq!(first.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(1));
+    assert_eq!(
+        first.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(1)
+    );
     assert_eq!(f.ask(vec![overridden]).await.overall, Code::OverLimit);
     assert_eq!(f.one("k", 1).await.1, 99);
     let text = f.limiter.metrics().encode();
@@ -215,10 +262,18 @@ async fn limit_overrides_count_in_their_own_bucket() {
 
 #[tokio::test]
 async fn near_limit_counts_hits_past_eighty_percent() {
-    let f = fixture(vec![node("k", rule("k", Policy::fixed_window(10, Unit::Minute)))]);
+    let f = fixture(vec![node(
+        "k",
+        rule("k", Policy::fixed_window(10, Unit::Minute)),
+    )]);
     f.one("k", 7).await;
     f.one("k", 2).await;
     let text = f.limiter.metrics().encode();
-    assert!(text.contains(r#"ratelimit_service_rate_limit_near_limit_total{domain="d",key="k"} 1"#), "{text}");
-    assert!(text.contains(r#"ratelimit_service_rate_limit_within_limit_total{domain="d",key="k"} 9"#));
+    assert!(
+        text.contains(r#"ratelimit_service_rate_limit_near_limit_total{domain="d",key="k"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"ratelimit_service_rate_limit_within_limit_total{domain="d",key="k"} 9"#)
+    );
 }

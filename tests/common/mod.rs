@@ -54,7 +54,10 @@ pub fn config_dir(files: &[(&str, &str)]) -> TempDir {
 
 impl TestServer {
     /// Starts a memory-backed server over `files`, with `adjust` applied to its settings.
-    pub async fn start_with(files: &[(&str, &str)], adjust: impl FnOnce(&mut Settings)) -> TestServer {
+    pub async fn start_with(
+        files: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Settings),
+    ) -> TestServer {
         let config_dir = config_dir(files);
         let mut settings = settings(config_dir.path());
         adjust(&mut settings);
@@ -105,7 +108,9 @@ impl TestServer {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
-            task.await.expect("server task").expect("server exits cleanly");
+            task.await
+                .expect("server task")
+                .expect("server exits cleanly");
         }
     }
 }
@@ -164,6 +169,7 @@ pub struct Binary {
     pub grpc: std::net::SocketAddr,
     pub http: std::net::SocketAddr,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Binary {
@@ -185,8 +191,11 @@ impl Binary {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = std::sync::Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if line.contains("grpc_addr=") {
                     let _ = tx.send(line.clone());
                 }
@@ -207,6 +216,7 @@ impl Binary {
             http: addr("http_addr="),
             child,
             log,
+            reader: Some(reader),
         }
     }
 
@@ -219,18 +229,23 @@ impl Binary {
         assert!(status.success());
     }
 
-    /// Waits (bounded) for the process to exit and returns its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+    /// Waits (bounded) for the process to exit and returns its exit code. Async, so the
+    /// test's own connections keep running and can answer the server's GOAWAY.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let deadline = std::time::Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // The log ends when the process does: wait for its last lines.
+                if let Some(reader) = self.reader.take() {
+                    let _ = reader.join();
+                }
                 return status.code();
             }
             if std::time::Instant::now() >= deadline {
                 let _ = self.child.kill();
                 panic!("floodgate did not exit within {limit:?}");
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

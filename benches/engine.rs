@@ -174,6 +174,17 @@ fn limiter(c: &mut Criterion) {
             async move { black_box(limiter.should_rate_limit(&request, None).await.is_ok()) }
         })
     });
+    group.bench_function("one_descriptor", |b| {
+        b.to_async(&runtime).iter(|| {
+            let user = format!("user-{}", sequence.next_below(LIVE_BUCKETS));
+            let request = Request {
+                domain: "bench".into(),
+                descriptors: vec![descriptor(&[("tenant", "t3"), ("user", &user)])],
+            };
+            let limiter = &limiter;
+            async move { black_box(limiter.should_rate_limit(&request, None).await.is_ok()) }
+        })
+    });
     group.finish();
 }
 

@@ -6,6 +6,7 @@
 //! request's last entry lands on a node with a rate limit (depth must match exactly), and
 //! there is no backtracking to a less specific node after a more specific one was taken.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -64,10 +65,10 @@ impl Matched<'_> {
     /// The metric key of this match: the rule path, unless the rule asks for values in it
     /// (`detailed_metric`: every level's runtime value; `value_to_metric`: runtime values at
     /// wildcard and key-only levels).
-    pub fn metric_key(&self, entries: &[(String, String)]) -> String {
+    pub fn metric_key(&self, entries: &[(String, String)]) -> Cow<'_, str> {
         let rule = self.rule;
         if !rule.detailed_metric && !rule.value_to_metric {
-            return rule.path.clone();
+            return Cow::Borrowed(&rule.path);
         }
         let mut key = String::new();
         for ((entry_key, value), (_, bucket_value, how)) in entries.iter().zip(&self.levels) {
@@ -88,7 +89,7 @@ impl Matched<'_> {
                 let _ = write!(key, "_{shown}");
             }
         }
-        key
+        Cow::Owned(key)
     }
 }
 

@@ -1,9 +1,9 @@
 # Everything CI runs, one target each; `make ci` is the whole pipeline.
 CARGO ?= cargo
 
-.PHONY: ci fmt-check clippy test check-config bench run
+.PHONY: ci fmt-check clippy test check-config deploy-check bench run
 
-ci: fmt-check clippy test check-config
+ci: fmt-check clippy test check-config deploy-check
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -16,6 +16,11 @@ test:
 
 check-config:
 	$(CARGO) run --quiet --locked -- check-config config
+
+# Renders and validates every manifest offline; checks the example rules with the binary.
+deploy-check:
+	$(CARGO) build --quiet --locked
+	bash deploy/validate.sh target/debug/floodgate
 
 bench:
 	$(CARGO) bench --locked

@@ -52,8 +52,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
     let settings = args.settings();
     tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
     let result = runtime.block_on(async {
+        let stop = shutdown::signal();
         let server = Server::bind(settings).await?;
-        server.serve(shutdown::signal()).await
+        server.serve(stop).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

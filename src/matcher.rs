@@ -6,6 +6,7 @@
 //! request's last entry lands on a node with a rate limit (depth must match exactly), and
 //! there is no backtracking to a less specific node after a more specific one was taken.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -64,10 +65,10 @@ impl Matched<'_> {
     /// The metric key of this match: the rule path, unless the rule asks for values in it
     /// (`detailed_metric`: every level's runtime value; `value_to_metric`: runtime values at
     /// wildcard and key-only levels).
-    pub fn metric_key(&self, entries: &[(String, String)]) -> String {
+    pub fn metric_key(&self, entries: &[(String, String)]) -> Cow<'_, str> {
         let rule = self.rule;
         if !rule.detailed_metric && !rule.value_to_metric {
-            return rule.path.clone();
+            return Cow::Borrowed(&rule.path);
         }
         let mut key = String::new();
         for ((entry_key, value), (_, bucket_value, how)) in entries.iter().zip(&self.levels) {
@@ -88,7 +89,7 @@ impl Matched<'_> {
                 let _ = write!(key, "_{shown}");
             }
         }
-        key
+        Cow::Owned(key)
     }
 }
 
@@ -108,7 +109,65 @@ struct Level {
 struct KeyNodes {
     exact: HashMap<String, Node>,
     wildcards: Vec<(String, Node)>,
+    /// Candidate wildcards by literal prefix, so a lookup tests only patterns whose prefix
+    /// the value starts with instead of every pattern of the key.
+    wildcard_index: PrefixIndex,
     default: Option<Node>,
+}
+
+/// A byte trie over the literal prefixes (text before the first `*`) of a key's wildcard
+/// patterns; each node lists the patterns (by file-order index) whose prefix ends there.
+#[derive(Debug, Default)]
+struct PrefixIndex {
+    nodes: Vec<PrefixNode>,
+}
+
+#[derive(Debug, Default)]
+struct PrefixNode {
+    children: Vec<(u8, usize)>,
+    patterns: Vec<usize>,
+}
+
+impl PrefixIndex {
+    fn insert(&mut self, prefix: &[u8], pattern: usize) {
+        if self.nodes.is_empty() {
+            self.nodes.push(PrefixNode::default());
+        }
+        let mut at = 0;
+        for &byte in prefix {
+            let next = match self.nodes[at].children.iter().find(|(b, _)| *b == byte) {
+                Some(&(_, next)) => next,
+                None => {
+                    self.nodes.push(PrefixNode::default());
+                    let next = self.nodes.len() - 1;
+                    self.nodes[at].children.push((byte, next));
+                    next
+                }
+            };
+            at = next;
+        }
+        self.nodes[at].patterns.push(pattern);
+    }
+
+    /// Indices of the patterns whose literal prefix `value` starts with, ascending.
+    fn candidates(&self, value: &[u8]) -> Vec<usize> {
+        let mut found = Vec::new();
+        let Some(mut node) = self.nodes.first() else {
+            return found;
+        };
+        found.extend_from_slice(&node.patterns);
+        for byte in value {
+            match node.children.iter().find(|(b, _)| b == byte) {
+                Some(&(_, next)) => {
+                    node = &self.nodes[next];
+                    found.extend_from_slice(&node.patterns);
+                }
+                None => break,
+            }
+        }
+        found.sort_unstable();
+        found
+    }
 }
 
 #[derive(Debug)]
@@ -167,11 +226,13 @@ impl Level {
         if let Some(node) = nodes.exact.get(value) {
             return Some((node, value, LevelMatch::Exact));
         }
-        if let Some((pattern, node)) = nodes
-            .wildcards
-            .iter()
-            .find(|(pattern, _)| glob_matches(pattern, value))
-        {
+        let first_match = nodes
+            .wildcard_index
+            .candidates(value.as_bytes())
+            .into_iter()
+            .map(|index| &nodes.wildcards[index])
+            .find(|(pattern, _)| glob_matches(pattern, value));
+        if let Some((pattern, node)) = first_match {
             let shared = node.share_threshold;
             let bucket_value = if shared { pattern.as_str() } else { value };
             return Some((node, bucket_value, LevelMatch::Wildcard { shared }));
@@ -197,7 +258,13 @@ fn compile_level(descriptors: Vec<DescriptorRule>, rules: &mut Vec<Arc<Rule>>) -
         let nodes = level.keys.entry(descriptor.key).or_default();
         match descriptor.value {
             None => nodes.default = Some(node),
-            Some(value) if value.contains('*') => nodes.wildcards.push((value, node)),
+            Some(value) if value.contains('*') => {
+                let prefix = value.split('*').next().unwrap_or_default();
+                nodes
+                    .wildcard_index
+                    .insert(prefix.as_bytes(), nodes.wildcards.len());
+                nodes.wildcards.push((value, node));
+            }
             Some(value) => {
                 nodes.exact.insert(value, node);
             }
@@ -355,6 +422,21 @@ mod tests {
             Some("path_/*")
         );
         assert_eq!(path_of(&m, &[("path", "login")]), None);
+    }
+
+    #[test]
+    fn an_earlier_shorter_prefix_wins_over_a_later_longer_one() {
+        let m = Matcher::new(vec![DomainRules {
+            domain: "d".into(),
+            descriptors: vec![
+                node("p", Some("*x"), true, vec![]),
+                node("p", Some("/*"), true, vec![]),
+                node("p", Some("/api/*"), true, vec![]),
+            ],
+        }]);
+        assert_eq!(path_of(&m, &[("p", "/api/v")]).as_deref(), Some("p_/*"));
+        assert_eq!(path_of(&m, &[("p", "/api/x")]).as_deref(), Some("p_*x"));
+        assert_eq!(path_of(&m, &[("p", "api")]), None);
     }
 
     #[test]

@@ -54,7 +54,8 @@ pub struct RuleCounters {
 pub struct Metrics {
     registry: Registry,
     per_rule: PerRuleFamilies,
-    rule_cache: RwLock<HashMap<RuleLabels, Arc<RuleCounters>>>,
+    /// domain -> key -> counters: looked up with borrowed strings, so a hit allocates nothing.
+    rule_cache: RwLock<HashMap<String, HashMap<String, Arc<RuleCounters>>>>,
     /// gRPC/JSON request latency, seconds.
     pub request_latency: Histogram,
     /// Backend round-trip latency, seconds.
@@ -210,13 +211,18 @@ impl Metrics {
 
     /// The counters of one rule (domain, metric key), created on first use.
     pub fn rule(&self, domain: &str, key: &str) -> Arc<RuleCounters> {
+        if let Some(counters) = self
+            .rule_cache
+            .read()
+            .get(domain)
+            .and_then(|keys| keys.get(key))
+        {
+            return Arc::clone(counters);
+        }
         let labels = RuleLabels {
             domain: domain.to_owned(),
             key: key.to_owned(),
         };
-        if let Some(counters) = self.rule_cache.read().get(&labels) {
-            return Arc::clone(counters);
-        }
         let families = &self.per_rule;
         let counters = Arc::new(RuleCounters {
             total_hits: families.total_hits.get_or_create(&labels).clone(),
@@ -229,7 +235,9 @@ impl Metrics {
                 .get_or_create(&labels)
                 .clone(),
         });
-        Arc::clone(self.rule_cache.write().entry(labels).or_insert(counters))
+        let mut cache = self.rule_cache.write();
+        let keys = cache.entry(labels.domain).or_default();
+        Arc::clone(keys.entry(labels.key).or_insert(counters))
     }
 
     /// Counts one backend failure.

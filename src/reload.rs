@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
+use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::config;
@@ -25,7 +25,9 @@ pub async fn watch(dir: PathBuf, limiter: Arc<Limiter>) {
     let (tx, mut rx) = mpsc::channel::<()>(16);
     let watcher_tx = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        // Reading the files (our own reload included) raises access events: only changes count.
+        let changed = event.is_ok_and(|event| !matches!(event.kind, EventKind::Access(_)));
+        if changed {
             let _ = watcher_tx.try_send(());
         }
     });
@@ -43,6 +45,8 @@ pub async fn watch(dir: PathBuf, limiter: Arc<Limiter>) {
         }
     };
     tokio::spawn(forward_sighup(tx));
+    // Changes made between the startup load and the watch being set up raised no event.
+    reload(&dir, &limiter).await;
     while rx.recv().await.is_some() {
         // Debounce: keep draining until the directory is quiet.
         while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}

@@ -1,30 +1,33 @@
 //! The shutdown signal: SIGTERM (Kubernetes) or SIGINT (a terminal), whichever comes first.
 
-/// Resolves when the process is asked to stop.
-pub async fn signal() {
-    let interrupt = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::warn!(%error, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
+use std::future::Future;
+
+/// Registers the signal handlers now and returns a future that resolves when the process is
+/// asked to stop. Call it before announcing readiness: a signal that arrives before the
+/// handlers exist would kill the process without a drain. Needs a Tokio runtime.
+pub fn signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let terminate = async {
+    {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+        let terminate = signal(SignalKind::terminate());
+        let interrupt = signal(SignalKind::interrupt());
+        async move {
+            let (mut terminate, mut interrupt) = match (terminate, interrupt) {
+                (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::error!(%error, "cannot listen for SIGTERM/SIGINT");
+                    return std::future::pending().await;
+                }
+            };
+            tokio::select! {
+                _ = terminate.recv() => tracing::info!("SIGTERM received"),
+                _ = interrupt.recv() => tracing::info!("SIGINT received"),
             }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => tracing::info!("SIGINT received"),
-        () = terminate => tracing::info!("SIGTERM received"),
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("interrupt received");
     }
 }

@@ -177,8 +177,8 @@ impl std::fmt::Debug for BackendSettings {
     }
 }
 
-/// Builds the configured backend. The Redis backends connect, check the login and load the
-/// scripts before returning, so a misconfiguration stops startup with a readable error.
+/// Builds the configured backend. The Redis backends connect and check the login before
+/// returning, so a misconfiguration stops startup with a readable error.
 ///
 /// # Errors
 /// The backend's setup failed (see `RedisBackend::connect`, `ClusterBackend::connect`).

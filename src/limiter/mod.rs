@@ -290,7 +290,7 @@ impl Limiter {
         let resolved: Vec<Option<Resolved>> = request
             .descriptors
             .iter()
-            .map(|descriptor| resolve(rules, domain, descriptor))
+            .map(|descriptor| resolve(rules, &self.metrics, domain, descriptor))
             .collect();
         let replaced: HashSet<&str> = resolved
             .iter()
@@ -302,7 +302,7 @@ impl Limiter {
             .iter()
             .zip(&request.descriptors)
             .map(|(resolved, descriptor)| {
-                let Some((rule, bucket, metric_key)) = resolved else {
+                let Some((rule, bucket, counters)) = resolved else {
                     return Plan::Done(Status::unmatched());
                 };
                 let (Limit::Limited(policy), Some(bucket)) = (&rule.limit, bucket) else {
@@ -321,7 +321,7 @@ impl Limiter {
                     policy,
                     bucket: *bucket,
                     cost: descriptor.cost,
-                    counters: self.metrics.rule(domain, metric_key),
+                    counters: Arc::clone(counters),
                 };
                 if policy.requests_per_unit == 0 {
                     Plan::Zero(limited)
@@ -476,29 +476,34 @@ impl Limiter {
     }
 }
 
-/// A descriptor's rule, its bucket (limited rules only) and its metric key.
-type Resolved = (Arc<Rule>, Option<BucketKey>, String);
+/// A descriptor's rule, its bucket (limited rules only) and its rule counters.
+type Resolved = (Arc<Rule>, Option<BucketKey>, Arc<RuleCounters>);
 
 /// Finds the rule, bucket and metric key of one descriptor; the override, when present in a
 /// known domain, replaces the configured rule as in the reference service.
-fn resolve(rules: &Matcher, domain: &str, descriptor: &Descriptor) -> Option<Resolved> {
+fn resolve(
+    rules: &Matcher,
+    metrics: &Metrics,
+    domain: &str,
+    descriptor: &Descriptor,
+) -> Option<Resolved> {
     let entries = &descriptor.entries;
     if let Some(limit) = descriptor.limit_override {
         let rule = Arc::new(override_rule(domain, entries, limit));
         let policy = *rule.policy()?;
         let levels = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let bucket = BucketKey::new(domain, &rule.path, levels, &policy);
-        let key = rule.path.clone();
-        return Some((rule, Some(bucket), key));
+        let counters = metrics.rule(domain, &rule.path);
+        return Some((rule, Some(bucket), counters));
     }
     let matched = rules.lookup(domain, entries)?;
-    let metric_key = matched.metric_key(entries);
+    let counters = metrics.rule(domain, &matched.metric_key(entries));
     let rule = Arc::clone(matched.rule);
     let bucket = rule.policy().map(|policy| {
         let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));
         BucketKey::new(domain, &rule.path, levels, policy)
     });
-    Some((rule, bucket, metric_key))
+    Some((rule, bucket, counters))
 }
 
 /// The fixed-window rule an Envoy limit override stands for. Its path is the reference's

@@ -172,6 +172,7 @@ pub struct Binary {
     pub grpc: std::net::SocketAddr,
     pub http: std::net::SocketAddr,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Binary {
@@ -193,7 +194,7 @@ impl Binary {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = std::sync::Arc::clone(&log);
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout)
                 .lines()
                 .map_while(Result::ok)
@@ -218,6 +219,7 @@ impl Binary {
             http: addr("http_addr="),
             child,
             log,
+            reader: Some(reader),
         }
     }
 
@@ -230,18 +232,23 @@ impl Binary {
         assert!(status.success());
     }
 
-    /// Waits (bounded) for the process to exit and returns its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+    /// Waits (bounded) for the process to exit and returns its exit code. Async, so the
+    /// test's own connections keep running and can answer the server's GOAWAY.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let deadline = std::time::Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // The log ends when the process does: wait for its last lines.
+                if let Some(reader) = self.reader.take() {
+                    let _ = reader.join();
+                }
                 return status.code();
             }
             if std::time::Instant::now() >= deadline {
                 let _ = self.child.kill();
                 panic!("floodgate did not exit within {limit:?}");
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -1,0 +1,523 @@
+"""Offline checks of deploy/ that need more than a schema; called by deploy/validate.sh.
+
+    python3 deploy/checks.py WORKDIR
+
+WORKDIR/render/*.yaml holds `kubectl kustomize` output, one file per kustomization. This
+script writes WORKDIR/native/*.yaml (the Kubernetes objects, for kubernetes-validate),
+WORKDIR/rules/<name>/ (floodgate rule directories, for `floodgate check-config`) and
+WORKDIR/rules.txt (those directories and where their files come from), and checks:
+
+- every object is a Kubernetes built-in or a known CRD (EnvoyFilter); EnvoyFilters have
+  their required fields, and each patch value parses as the Envoy message it patches;
+- the floodgate Deployment keeps the contract of SPEC 1.1/1.2/6 (probes, drain, mounts,
+  security) and its Service names and protocols its ports;
+- envoy.yaml parses as an Envoy v3 Bootstrap, strictly, with the protoc-gen-validate
+  rules that matter (required fields, minimum lengths), and its clusters line up;
+- the Istio and Envoy examples send exactly the descriptors their rule files limit;
+- the Dockerfile has its stages, builds with --locked and runs as non-root.
+
+Exits 1 after reporting every failure.
+"""
+
+import fnmatch
+import json
+import pathlib
+import re
+import sys
+
+import yaml
+from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf.descriptor import FieldDescriptor
+from validate import validate_pb2  # protoc-gen-validate's rules, shipped with xds-protos
+
+DEPLOY = pathlib.Path(__file__).resolve().parent
+REPO = DEPLOY.parent
+CRDS = {("networking.istio.io/v1alpha3", "EnvoyFilter")}
+# API groups of Kubernetes' own kinds (kubernetes-validate has their schemas).
+BUILTIN_GROUPS = {"", "apps", "batch", "policy", "autoscaling", "networking.k8s.io", "rbac.authorization.k8s.io"}
+# Descriptor and rate_limit keys floodgate accepts (SPEC 2): a typo fails here even when
+# no floodgate binary is at hand; `floodgate check-config` is the full check.
+DESCRIPTOR_KEYS = {"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
+                   "value_to_metric", "share_threshold", "metadata"}
+RATE_LIMIT_KEYS = {"unit", "requests_per_unit", "unlimited", "name", "replaces", "quota_mode", "algorithm", "burst",
+                   "unit_multiplier", "on_over_limit", "lockout_seconds"}
+
+failures = []
+
+
+def fail(where, message):
+    failures.append(f"{where}: {message}")
+
+
+def ok(message):
+    print(f"ok   {message}")
+
+
+def load_all(path):
+    return [doc for doc in yaml.safe_load_all(pathlib.Path(path).read_text()) if doc]
+
+
+# ---------------------------------------------------------------- Envoy protos (xds-protos)
+
+def envoy_message(full_name):
+    """An empty message of an Envoy type, importing its generated modules on first use;
+    None for a type that xds-protos does not have (json_format then reports it)."""
+    pool = descriptor_pool.Default()
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))()
+    except KeyError:
+        pass
+    package = ".".join(p for p in full_name.split(".") if p[:1].islower())
+    try:
+        module_dir = pathlib.Path(__import__(package, fromlist=["_"]).__file__).parent
+        for module in module_dir.glob("*_pb2.py"):
+            __import__(f"{package}.{module.stem}")
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))()
+    except (ImportError, KeyError):
+        return None
+
+
+def import_any_types(value):
+    """Imports the module of every `@type` in a JSON-like value, so json_format can pack it."""
+    if isinstance(value, dict):
+        if "@type" in value:
+            envoy_message(value["@type"].split("/", 1)[1])
+        for item in value.values():
+            import_any_types(item)
+    elif isinstance(value, list):
+        for item in value:
+            import_any_types(item)
+
+
+def check_pgv(msg, where):
+    """The protoc-gen-validate rules (Envoy enforces them at load) that a slip most often
+    breaks: required messages and oneofs, non-empty strings and lists."""
+    for oneof in msg.DESCRIPTOR.oneofs:
+        if oneof.GetOptions().Extensions[validate_pb2.required] and msg.WhichOneof(oneof.name) is None:
+            fail(where, f"{msg.DESCRIPTOR.full_name}: one of {oneof.name} is required")
+    for field in msg.DESCRIPTOR.fields:
+        # A member of a oneof is checked only when it is the one set.
+        if field.containing_oneof is not None and msg.WhichOneof(field.containing_oneof.name) != field.name:
+            continue
+        rules = field.GetOptions().Extensions[validate_pb2.rules]
+        value = getattr(msg, field.name)
+        # protobuf >= 5.27 has is_repeated; `label` is gone from 7.
+        is_repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
+        if rules.HasField("message") and rules.message.required and not msg.HasField(field.name):
+            fail(where, f"{msg.DESCRIPTOR.full_name}.{field.name} is required")
+        if rules.HasField("string") and rules.string.min_len and len(value) < rules.string.min_len:
+            fail(where, f"{msg.DESCRIPTOR.full_name}.{field.name} needs {rules.string.min_len}+ characters")
+        if rules.HasField("repeated") and rules.repeated.min_items and len(value) < rules.repeated.min_items:
+            fail(where, f"{msg.DESCRIPTOR.full_name}.{field.name} needs {rules.repeated.min_items}+ items")
+        if field.type != FieldDescriptor.TYPE_MESSAGE:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            children = value.values() if field.message_type.fields_by_name["value"].message_type else []
+        elif is_repeated:
+            children = value
+        else:
+            children = [value] if msg.HasField(field.name) else []
+        for child in children:
+            if child.DESCRIPTOR.full_name == "google.protobuf.Any":
+                inner = envoy_message(child.type_url.split("/", 1)[1])
+                if inner is not None:
+                    inner.ParseFromString(child.value)
+                    check_pgv(inner, where)
+            else:
+                check_pgv(child, where)
+
+
+def parse_envoy(value, full_name, where, complete=True):
+    """Parses a JSON-like value as an Envoy message: unknown fields and bad enums fail.
+
+    `complete=False` is for partial values (an EnvoyFilter MERGE): required fields then live
+    in the object being patched, so only names, types and enums are checked."""
+    import_any_types(value)
+    msg = envoy_message(full_name)
+    if msg is None:
+        fail(where, f"xds-protos has no message {full_name}")
+        return None
+    try:
+        json_format.ParseDict(value, msg)
+    except (json_format.ParseError, KeyError, TypeError) as error:
+        fail(where, f"not a valid {full_name}: {error}")
+        return None
+    if complete:
+        check_pgv(msg, where)
+    return msg
+
+
+# ---------------------------------------------------------------- descriptors vs. rules
+
+def action_entry(action, where):
+    """The (key, value) entry an Envoy rate-limit action adds; value None = known at run time."""
+    (kind, spec), = action.items()
+    spec = spec or {}
+    if kind == "remote_address":
+        return ("remote_address", None)
+    if kind == "request_headers":
+        return (spec["descriptor_key"], None)
+    if kind == "generic_key":
+        return (spec.get("descriptor_key", "generic_key"), spec["descriptor_value"])
+    if kind == "header_value_match":
+        return (spec.get("descriptor_key", "header_match"), spec["descriptor_value"])
+    fail(where, f"checks.py does not know the descriptor of action {kind}; teach action_entry()")
+    return (kind, None)
+
+
+def descriptors_of(rate_limits, where):
+    return [[action_entry(a, where) for a in rl["actions"]] for rl in rate_limits]
+
+
+def check_rules_schema(doc, where, path="descriptors"):
+    for i, d in enumerate(doc.get("descriptors") or []):
+        here = f"{path}[{i}]"
+        if "key" not in d:
+            fail(where, f"{here} has no key")
+        for key in set(d) - DESCRIPTOR_KEYS:
+            fail(where, f"{here}: unknown key {key}")
+        for key in set(d.get("rate_limit") or {}) - RATE_LIMIT_KEYS:
+            fail(where, f"{here}.rate_limit: unknown key {key}")
+        check_rules_schema(d, where, f"{here}.descriptors")
+
+
+def load_rules(path, where):
+    doc = yaml.safe_load(pathlib.Path(path).read_text())
+    if not isinstance(doc, dict) or not doc.get("domain"):
+        fail(where, "a rule file needs a non-empty domain")
+        return {"domain": None, "descriptors": []}
+    for key in set(doc) - {"domain", "descriptors"}:
+        fail(where, f"unknown top-level key {key}")
+    check_rules_schema(doc, where)
+    return doc
+
+
+def match(rules, entries):
+    """The rule path floodgate matches for a descriptor (exact, wildcard, key-only), or None."""
+    level, path = rules.get("descriptors") or [], []
+    for key, value in entries:
+        same_key = [d for d in level if d["key"] == key]
+        exact = [d for d in same_key if value is not None and d.get("value") == value]
+        wild = [d for d in same_key if "value" in d and "*" in str(d["value"])
+                and (value is None and d["value"] == "*" or value is not None and fnmatch.fnmatchcase(value, d["value"]))]
+        default = [d for d in same_key if "value" not in d]
+        found = (exact or wild or default or [None])[0]
+        if found is None:
+            return None
+        path.append(found)
+        level = found.get("descriptors") or []
+    return path if path and "rate_limit" in path[-1] else None
+
+
+def leaves(level, prefix=()):
+    for d in level or []:
+        here = prefix + ((d["key"], d.get("value")),)
+        if "rate_limit" in d:
+            yield here, d
+        yield from leaves(d.get("descriptors"), here)
+
+
+def check_descriptors(where, domain, descriptors, rules_path):
+    before = len(failures)
+    rules_name = str(rules_path.relative_to(REPO))
+    rules = load_rules(rules_path, rules_name)
+    if rules["domain"] != domain:
+        fail(where, f"domain {domain!r} but {rules_name} declares {rules['domain']!r}")
+    used = set()
+    for entries in descriptors:
+        path = match(rules, entries)
+        shown = ", ".join(f"({k}, {v if v is not None else '<runtime>'})" for k, v in entries)
+        if path is None:
+            fail(where, f"descriptor [{shown}] matches no limit in {rules_name}")
+        else:
+            used.add(id(path[-1]))
+    for leaf, node in leaves(rules.get("descriptors")):
+        if id(node) not in used:
+            fail(rules_name, f"rule {leaf} is never sent by {where}")
+    if len(failures) == before:
+        ok(f"{where}: {len(descriptors)} descriptors <-> {rules_name} (domain {domain})")
+
+
+# ---------------------------------------------------------------- Kubernetes
+
+def split_renders(work):
+    """Writes the built-in objects of each render to native/; returns {render: objects}."""
+    (work / "native").mkdir(exist_ok=True)
+    renders = {}
+    for render in sorted((work / "render").glob("*.yaml")):
+        objects = load_all(render)
+        renders[render.stem] = objects
+        native = []
+        for obj in objects:
+            api, kind = obj.get("apiVersion", ""), obj.get("kind", "")
+            group = api.split("/")[0] if "/" in api else ""
+            if (api, kind) in CRDS:
+                continue
+            if group not in BUILTIN_GROUPS:
+                fail(render.stem, f"{api} {kind} is neither a Kubernetes kind nor a known CRD")
+            native.append(obj)
+        (work / "native" / render.name).write_text(yaml.safe_dump_all(native, sort_keys=False))
+        ok(f"{render.stem}: {len(objects)} objects rendered")
+    return renders
+
+
+def find(objects, kind, name):
+    return next((o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name), None)
+
+
+def port_number(container, port):
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
+
+
+def check_floodgate(render, objects):
+    where = f"{render}: Deployment floodgate"
+    deployment = find(objects, "Deployment", "floodgate")
+    if deployment is None:
+        return
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "floodgate"]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    grpc_port = int(env.get("FLOODGATE_GRPC_ADDR", ":8081").rsplit(":", 1)[1])
+    http_port = int(env.get("FLOODGATE_HTTP_ADDR", ":8080").rsplit(":", 1)[1])
+    if env.get("FLOODGATE_BACKEND") == "memory" and deployment["spec"].get("replicas", 1) != 1:
+        fail(where, "the memory backend keeps counts per pod: run exactly one replica")
+    if env.get("FLOODGATE_BACKEND") == "memory" and find(objects, "HorizontalPodAutoscaler", "floodgate"):
+        fail(where, "the memory backend must not be autoscaled")
+    readiness = container.get("readinessProbe", {}).get("grpc", {})
+    if readiness.get("port") != grpc_port or readiness.get("service", "") not in (
+            "", "envoy.service.ratelimit.v3.RateLimitService"):
+        fail(where, f"readiness must be a gRPC probe on {grpc_port}")
+    liveness = container.get("livenessProbe", {}).get("httpGet", {})
+    if liveness.get("path") != "/livez" or port_number(container, liveness.get("port")) != http_port:
+        fail(where, f"liveness must be GET /livez on {http_port}")
+    drain_s = int(env.get("FLOODGATE_DRAIN_TIMEOUT_MS", "10000")) / 1000
+    sleep_s = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    if grace <= drain_s + sleep_s:
+        fail(where, f"terminationGracePeriodSeconds {grace} must exceed preStop {sleep_s}s + drain {drain_s}s")
+    security = container.get("securityContext", {})
+    wanted = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+    for key, value in wanted.items():
+        if security.get(key) != value:
+            fail(where, f"container securityContext.{key} must be {value}")
+    if security.get("capabilities", {}).get("drop") != ["ALL"]:
+        fail(where, "container capabilities must drop ALL")
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        fail(where, "pod seccompProfile must be RuntimeDefault")
+    if pod.get("automountServiceAccountToken") is not False:
+        fail(where, "automountServiceAccountToken must be false")
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+    if annotations.get("prometheus.io/port") != str(http_port) or annotations.get("prometheus.io/path") != "/metrics":
+        fail(where, f"Prometheus annotations must point at {http_port}/metrics")
+    # The rules: a ConfigMap mounted as the config directory, never through subPath.
+    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == env.get("FLOODGATE_CONFIG")]
+    if len(mounts) != 1 or "subPath" in mounts[0]:
+        fail(where, "FLOODGATE_CONFIG must be a whole-directory volume mount (no subPath: hot reload)")
+        return None
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts[0]["name"])
+    config_map = find(objects, "ConfigMap", volume.get("configMap", {}).get("name"))
+    if config_map is None:
+        fail(where, f"the rules ConfigMap {volume.get('configMap')} is not in the render")
+        return None
+    ok(f"{where}: probes, drain ({grace}s > {sleep_s}s + {drain_s:g}s), security, rules mount")
+    return config_map
+
+
+def check_service(render, objects):
+    service = find(objects, "Service", "floodgate")
+    if service is None:
+        return
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    if ports.get("grpc", {}).get("port") != 8081 or ports["grpc"].get("appProtocol") != "grpc":
+        fail(f"{render}: Service floodgate", "needs port grpc 8081 with appProtocol grpc")
+    if ports.get("http-admin", {}).get("port") != 8080 or ports["http-admin"].get("appProtocol") != "http":
+        fail(f"{render}: Service floodgate", "needs port http-admin 8080 with appProtocol http")
+
+
+def extract_rules(work, render, config_map, listing):
+    target = work / "rules" / render
+    target.mkdir(parents=True)
+    for name, text in sorted((config_map.get("data") or {}).items()):
+        if not re.fullmatch(r"[^.].*\.ya?ml", name):
+            fail(render, f"ConfigMap {config_map['metadata']['name']} key {name} is not a rule file")
+            continue
+        (target / name).write_text(text)
+        load_rules(target / name, f"{render}: ConfigMap {config_map['metadata']['name']} {name}")
+    listing.append(f"{target}\t{render}: ConfigMap {config_map['metadata']['name']}")
+
+
+def copy_rules(work, name, source, listing):
+    target = work / "rules" / name
+    target.mkdir(parents=True)
+    (target / source.name).write_text(source.read_text())
+    listing.append(f"{target}\t{source.relative_to(REPO)}")
+
+
+# ---------------------------------------------------------------- Istio
+
+def rate_limit_target(config):
+    """(domain, cluster_name) of a ratelimit filter config; missing ones are None (and have
+    already failed the protoc-gen-validate check)."""
+    service = config.get("rate_limit_service", {}).get("grpc_service", {})
+    return config.get("domain"), service.get("envoy_grpc", {}).get("cluster_name")
+
+
+PATCH_TYPES = {
+    "HTTP_FILTER": "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter",
+    "VIRTUAL_HOST": "envoy.config.route.v3.VirtualHost",
+    "HTTP_ROUTE": "envoy.config.route.v3.Route",
+    "CLUSTER": "envoy.config.cluster.v3.Cluster",
+}
+
+
+def check_istio(renders):
+    before = len(failures)
+    files = sorted((DEPLOY / "istio").glob("envoyfilter-*.yaml"))
+    domain, cluster, descriptors = None, None, []
+    for path in files:
+        where = str(path.relative_to(REPO))
+        for obj in load_all(path):
+            meta, spec = obj.get("metadata", {}), obj.get("spec", {})
+            if (obj.get("apiVersion"), obj.get("kind")) not in CRDS or not meta.get("name") or not meta.get("namespace"):
+                fail(where, "needs apiVersion networking.istio.io/v1alpha3, kind EnvoyFilter, name and namespace")
+            if not spec.get("configPatches"):
+                fail(where, "spec.configPatches is empty")
+            for i, patch in enumerate(spec.get("configPatches", [])):
+                here = f"{where} configPatches[{i}]"
+                apply_to, operation = patch.get("applyTo"), patch.get("patch", {}).get("operation")
+                if apply_to not in PATCH_TYPES or not operation or "value" not in patch["patch"]:
+                    fail(here, "needs applyTo (a known type), patch.operation and patch.value")
+                    continue
+                msg = parse_envoy(patch["patch"]["value"], PATCH_TYPES[apply_to], here, complete=operation != "MERGE")
+                if msg is None:
+                    continue
+                if apply_to == "HTTP_FILTER" and patch["patch"]["value"]["name"] == "envoy.filters.http.ratelimit":
+                    domain, cluster = rate_limit_target(patch["patch"]["value"]["typed_config"])
+                if apply_to == "VIRTUAL_HOST":
+                    descriptors += descriptors_of(patch["patch"]["value"].get("rate_limits", []), here)
+    if len(failures) == before:
+        ok(f"deploy/istio: {len(files)} EnvoyFilters parse as Envoy v3 messages")
+    # outbound|<port>||<service>.<namespace>.svc.cluster.local must be the rendered Service.
+    found = re.fullmatch(r"outbound\|(\d+)\|\|([^.]+)\.([^.]+)\.svc\.cluster\.local", cluster or "")
+    objects = renders.get("istio", [])
+    service = find(objects, "Service", found.group(2)) if found else None
+    if not found or service is None or service["metadata"].get("namespace") != found.group(3) or int(
+            found.group(1)) not in [p["port"] for p in service["spec"]["ports"] if p.get("appProtocol") == "grpc"]:
+        fail("deploy/istio", f"cluster_name {cluster} does not name a gRPC port of a Service in the istio render")
+    else:
+        ok(f"deploy/istio: {cluster} is Service {found.group(2)} in namespace {found.group(3)}")
+    check_descriptors("deploy/istio", domain, descriptors, DEPLOY / "istio" / "floodgate-rules.yaml")
+
+
+# ---------------------------------------------------------------- Envoy bootstrap
+
+def check_envoy():
+    path = DEPLOY / "envoy" / "envoy.yaml"
+    where = str(path.relative_to(REPO))
+    (doc,) = load_all(path)
+    before = len(failures)
+    if parse_envoy(doc, "envoy.config.bootstrap.v3.Bootstrap", where) is None:
+        return
+    if len(failures) == before:
+        ok(f"{where}: a valid envoy.config.bootstrap.v3.Bootstrap")
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    domain, descriptors = None, []
+    for listener in doc["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                hcm = network_filter["typed_config"]
+                for http_filter in hcm.get("http_filters", []):
+                    if http_filter["name"] != "envoy.filters.http.ratelimit":
+                        continue
+                    domain, cluster = rate_limit_target(http_filter["typed_config"])
+                    rls = clusters.get(cluster)
+                    options = (rls or {}).get("typed_extension_protocol_options", {}).get(
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
+                    if rls is None or "http2_protocol_options" not in options.get("explicit_http_config", {}):
+                        fail(where, "the rate_limit_service cluster must exist and speak HTTP/2")
+                for vhost in hcm.get("route_config", {}).get("virtual_hosts", []):
+                    descriptors += descriptors_of(vhost.get("rate_limits", []), where)
+                    for route in vhost.get("routes", []):
+                        if route.get("route", {}).get("cluster") not in clusters:
+                            fail(where, f"route {route['match']} names an unknown cluster")
+                        descriptors += descriptors_of(route.get("route", {}).get("rate_limits", []), where)
+    check_descriptors(where, domain, descriptors, DEPLOY / "envoy" / "floodgate-rules.yaml")
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+def check_dockerfile():
+    path = DEPLOY / "docker" / "Dockerfile"
+    where = str(path.relative_to(REPO))
+    text = re.sub(r"\\\n", " ", path.read_text())
+    instructions = [line.strip().split(None, 1) for line in text.splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+    instructions = [(i[0].upper(), i[1] if len(i) > 1 else "") for i in instructions]
+    stages, current = [], None
+    for op, rest in instructions:
+        if op == "FROM":
+            named = re.search(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+            current = {"name": named.group(1) if named else None, "ops": []}
+            stages.append(current)
+        elif current is not None:
+            current["ops"].append((op, rest))
+    if len(stages) < 2 or not stages[0]["name"]:
+        fail(where, "needs a named builder stage and a runtime stage")
+        return
+    builder, runtime = stages[0], stages[-1]
+    builds = [rest for op, rest in builder["ops"] if op == "RUN" and "cargo build" in rest]
+    if not builds or not all("--release" in b and "--locked" in b for b in builds):
+        fail(where, "the builder must run cargo build --release --locked")
+    users = [rest for op, rest in runtime["ops"] if op == "USER"]
+    if not users or users[-1].split(":")[0] in ("root", "0"):
+        fail(where, "the runtime stage must switch to a non-root USER")
+    exposed = " ".join(rest for op, rest in runtime["ops"] if op == "EXPOSE").split()
+    if not {"8080", "8081"} <= set(exposed):
+        fail(where, "the runtime stage must EXPOSE 8080 8081")
+    entrypoint = [rest for op, rest in runtime["ops"] if op == "ENTRYPOINT"]
+    if not entrypoint or not entrypoint[-1].startswith("[") or "floodgate" not in json.loads(entrypoint[-1])[0]:
+        fail(where, "ENTRYPOINT must be the floodgate binary in exec form (the image has no shell)")
+    if ("ENV", "FLOODGATE_CONFIG=/etc/floodgate/config") not in runtime["ops"]:
+        fail(where, "the runtime stage must set FLOODGATE_CONFIG=/etc/floodgate/config")
+    names = {s["name"] for s in stages if s["name"]}
+    for op, rest in runtime["ops"]:
+        source = re.search(r"--from=(\S+)", rest)
+        if op == "COPY" and source and source.group(1) not in names:
+            fail(where, f"COPY --from={source.group(1)} names no stage")
+    for stage in stages:
+        for op, rest in stage["ops"]:
+            if op == "COPY" and "--from=" not in rest:
+                for item in rest.split()[:-1]:
+                    if item != "." and not item.startswith("--") and not (REPO / item).exists():
+                        print(f"WARN {where}: COPY source {item} is not in the repository yet;"
+                              " `docker build` fails until it is")
+    ignored = (REPO / ".dockerignore").read_text().split() if (REPO / ".dockerignore").exists() else []
+    if not {"target/", ".git/"} <= set(ignored):
+        fail(".dockerignore", "must exclude target/ and .git/")
+    ok(f"{where}: stages {[s['name'] or '(runtime)' for s in stages]}, --locked build, non-root runtime")
+
+
+def main():
+    work = pathlib.Path(sys.argv[1])
+    renders = split_renders(work)
+    listing = []
+    for render, objects in renders.items():
+        check_service(render, objects)
+        config_map = check_floodgate(render, objects)
+        if config_map is not None:
+            extract_rules(work, render, config_map, listing)
+    check_istio(renders)
+    check_envoy()
+    copy_rules(work, "example-istio", DEPLOY / "istio" / "floodgate-rules.yaml", listing)
+    copy_rules(work, "example-envoy", DEPLOY / "envoy" / "floodgate-rules.yaml", listing)
+    check_dockerfile()
+    (work / "rules.txt").write_text("".join(line + "\n" for line in listing))
+    for line in failures:
+        print(f"FAIL {line}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -35,16 +35,11 @@ pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) 
 /// from 20000..30000, spread by process id so parallel test binaries rarely collide; every
 /// candidate is checked by binding it (and its bus port) before use.
 fn free_port() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ = NEXT.compare_exchange(
-        0,
-        20_000 + (std::process::id() % 500) as u16 * 20,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % 500 * 20;
     for _ in 0..10_000 {
-        let port = NEXT.fetch_add(1, Ordering::SeqCst);
-        let port = 20_000 + (port - 20_000) % 10_000;
+        let offset = (start + NEXT.fetch_add(1, Ordering::SeqCst)) % 10_000;
+        let port = 20_000 + offset as u16;
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
         if free(port) && free(port + 10_000) {
             return port;

@@ -38,7 +38,7 @@ pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
 /// Default Redis URL: a local single node.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// Default connections per Redis pool.
-pub const DEFAULT_REDIS_POOL_SIZE: u32 = 16;
+pub const DEFAULT_REDIS_POOL_SIZE: u32 = 4;
 /// Default bound on one backend call, in ms; Envoy's own default timeout is 20 ms higher up.
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 100;
 /// Default size of the local over-limit cache.

@@ -20,6 +20,10 @@ pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService"
 /// How often the backend is pinged.
 const PING_INTERVAL: Duration = Duration::from_millis(500);
 
+/// Floor on one ping's time budget, so a tight `--backend-timeout-ms` does not make a
+/// healthy but busy backend look down.
+const MIN_PING_TIMEOUT: Duration = Duration::from_millis(250);
+
 /// Shared readiness state.
 pub struct Health {
     reporter: HealthReporter,
@@ -41,13 +45,21 @@ impl Health {
 
     /// Whether the service should receive traffic.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire)
     }
 
     /// Flips to NOT_SERVING for good: shutdown has started.
     pub async fn shut_down(&self) {
         self.shutting_down.store(true, Ordering::Release);
+        self.ready.store(false, Ordering::Release);
         self.publish(false).await;
+    }
+
+    /// Pings the backend once and sets readiness from the answer (used at startup, so the
+    /// service is ready by the time it announces its addresses when the backend answers).
+    pub async fn check_once(&self, backend: &dyn Backend, timeout: Duration) {
+        let ping = tokio::time::timeout(timeout.max(MIN_PING_TIMEOUT), backend.ping()).await;
+        self.set_ready(matches!(ping, Ok(Ok(())))).await;
     }
 
     async fn set_ready(&self, ready: bool) {
@@ -79,8 +91,8 @@ impl Health {
     ) {
         let mut failing_since: Option<Instant> = None;
         loop {
-            let ping =
-                tokio::time::timeout(timeout.max(Duration::from_millis(100)), backend.ping()).await;
+            tokio::time::sleep(PING_INTERVAL).await;
+            let ping = tokio::time::timeout(timeout.max(MIN_PING_TIMEOUT), backend.ping()).await;
             match ping {
                 Ok(Ok(())) => {
                     if failing_since.take().is_some() {
@@ -100,7 +112,6 @@ impl Health {
                     }
                 }
             }
-            tokio::time::sleep(PING_INTERVAL).await;
         }
     }
 }

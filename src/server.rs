@@ -142,13 +142,17 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health = Health::new(reporter).await;
+        health
+            .check_once(self.backend.as_ref(), self.settings.limiter.backend_timeout)
+            .await;
         let (grpc_addr, http_addr) = (self.grpc_addr(), self.http_addr());
         tracing::info!(
             backend = self.backend.name(),
+            ready = health.is_ready(),
             "floodgate listening grpc_addr={grpc_addr} http_addr={http_addr}"
         );
-        let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter).await;
         let monitor = tokio::spawn(Arc::clone(&health).monitor(
             Arc::clone(&self.backend),
             BACKEND_FAILURE_GRACE,

@@ -80,7 +80,7 @@ impl ClusterBackend {
             .max_retry_wait(max_wait_ms)
             .build()
             .map_err(|e| {
-                secrets.scrub(BackendError::Failed(format!(
+                secrets.scrub(BackendError::Config(format!(
                     "invalid Redis Cluster URLs: {e}"
                 )))
             })?;

@@ -5,6 +5,7 @@
 //! A backend never sees protocol types; the limiter hands it resolved charges.
 
 pub mod cluster;
+pub mod deferred;
 pub mod keys;
 pub mod memory;
 pub mod redis;
@@ -71,6 +72,9 @@ pub enum BackendError {
     /// The backend answered with an error (e.g. CLUSTERDOWN, a script error).
     #[error("backend error: {0}")]
     Failed(String),
+    /// The settings cannot work (an invalid URL or option): retrying will not help.
+    #[error("invalid backend configuration: {0}")]
+    Config(String),
     /// The memory backend's bucket cap was reached and no bucket could be evicted.
     #[error("bucket capacity exhausted")]
     CapacityExhausted,
@@ -83,6 +87,7 @@ impl BackendError {
             BackendError::Timeout => "timeout",
             BackendError::Unavailable(_) => "unavailable",
             BackendError::Failed(_) => "failed",
+            BackendError::Config(_) => "config",
             BackendError::CapacityExhausted => "capacity",
         }
     }
@@ -183,10 +188,28 @@ impl std::fmt::Debug for BackendSettings {
 /// # Errors
 /// The backend's setup failed (see `RedisBackend::connect`, `ClusterBackend::connect`).
 pub async fn connect(settings: &BackendSettings) -> Result<Arc<dyn Backend>, BackendError> {
-    Ok(match settings {
-        BackendSettings::Memory { max_buckets } => {
-            Arc::new(memory::MemoryBackend::new(*max_buckets))
+    let (name, attempt) = connector(settings);
+    match attempt().await {
+        Ok(backend) => Ok(backend),
+        Err(error @ BackendError::Config(_)) => Err(error),
+        Err(error) => {
+            tracing::warn!(backend = name, %error, "backend unreachable at startup; serving NOT_SERVING and retrying in the background");
+            Ok(Arc::new(deferred::Deferred::spawn(name, attempt)))
         }
+    }
+}
+
+/// The backend's name and a repeatable connection attempt for `settings`.
+fn connector(settings: &BackendSettings) -> (&'static str, deferred::Connect) {
+    match settings.clone() {
+        BackendSettings::Memory { max_buckets } => (
+            "memory",
+            Box::new(move || {
+                Box::pin(async move {
+                    Ok(Arc::new(memory::MemoryBackend::new(max_buckets)) as Arc<dyn Backend>)
+                })
+            }),
+        ),
         BackendSettings::Redis {
             url,
             pool_size,
@@ -194,12 +217,21 @@ pub async fn connect(settings: &BackendSettings) -> Result<Arc<dyn Backend>, Bac
             timeout,
         } => {
             let options = RedisOptions {
-                pool_size: *pool_size,
-                timeout: *timeout,
-                key_prefix: key_prefix.clone(),
+                pool_size,
+                timeout,
+                key_prefix,
                 ..RedisOptions::default()
             };
-            Arc::new(RedisBackend::connect(url, options).await?)
+            (
+                "redis",
+                Box::new(move || {
+                    let (url, options) = (url.clone(), options.clone());
+                    Box::pin(async move {
+                        let backend = RedisBackend::connect(&url, options).await?;
+                        Ok(Arc::new(backend) as Arc<dyn Backend>)
+                    })
+                }),
+            )
         }
         BackendSettings::Cluster {
             urls,
@@ -207,11 +239,20 @@ pub async fn connect(settings: &BackendSettings) -> Result<Arc<dyn Backend>, Bac
             timeout,
         } => {
             let options = RedisOptions {
-                timeout: *timeout,
-                key_prefix: key_prefix.clone(),
+                timeout,
+                key_prefix,
                 ..RedisOptions::default()
             };
-            Arc::new(ClusterBackend::connect(urls, options).await?)
+            (
+                "redis-cluster",
+                Box::new(move || {
+                    let (urls, options) = (urls.clone(), options.clone());
+                    Box::pin(async move {
+                        let backend = ClusterBackend::connect(&urls, options).await?;
+                        Ok(Arc::new(backend) as Arc<dyn Backend>)
+                    })
+                }),
+            )
         }
-    })
+    }
 }

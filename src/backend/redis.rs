@@ -103,7 +103,7 @@ impl RedisOptions {
 }
 
 pub(crate) fn config_error(what: &str) -> BackendError {
-    BackendError::Failed(format!("invalid Redis configuration: {what}"))
+    BackendError::Config(what.to_owned())
 }
 
 /// Strings that must never reach an error message or a log line: passwords and the URLs
@@ -146,6 +146,7 @@ impl Secrets {
         match error {
             BackendError::Unavailable(text) => BackendError::Unavailable(clean(text)),
             BackendError::Failed(text) => BackendError::Failed(clean(text)),
+            BackendError::Config(text) => BackendError::Config(clean(text)),
             other => other,
         }
     }
@@ -284,7 +285,7 @@ impl RedisBackend {
             None => redis::Client::open(url),
         };
         let client = client
-            .map_err(|e| secrets.scrub(BackendError::Failed(format!("invalid Redis URL: {e}"))))?;
+            .map_err(|e| secrets.scrub(BackendError::Config(format!("invalid Redis URL: {e}"))))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.timeout))
             .set_response_timeout(None);
@@ -518,7 +519,7 @@ mod tests {
         let err = RedisBackend::connect("nonsense://pw@host", RedisOptions::default())
             .await
             .unwrap_err();
-        assert!(matches!(err, BackendError::Failed(_)));
+        assert!(matches!(err, BackendError::Config(_)));
         assert!(!err.to_string().contains("pw@host"), "{err}");
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Module map (dependencies point down; nothing below `service` knows about gRPC):
 //!
-//! - `cli`: the command line (`serve`, `check-config`) and every serve setting with its default.
+//! - `cli`: the command line (`serve`, `check-config`), every serve setting with its default, and
+//!   the reference service's environment variables that stand in for them.
 //! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).

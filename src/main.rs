@@ -2,18 +2,36 @@
 //!
 //! Exit codes: 0 success (including a graceful shutdown); 1 `check-config` found errors, or
 //! the service could not start (invalid config, unreachable backend, port in use); 2 usage
-//! errors (clap).
+//! errors (clap, or a reference service variable floodgate cannot use).
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
+use floodgate::cli::reference_env::{self, ProcessEnvironment, Report};
 use floodgate::cli::{self, Cli, Command, ServeArgs};
 use floodgate::server::Server;
+use floodgate::telemetry::LevelFilter;
 use floodgate::{config, shutdown, telemetry};
 
 fn main() -> ExitCode {
-    match Cli::parse().into_command() {
-        Command::Serve(args) => serve(&args),
+    // Matches first: their value sources tell which serve settings were given, so that the
+    // reference service's variables fill in only the others.
+    let matches = Cli::command().get_matches();
+    let command = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli.into_command(),
+        Err(error) => error.format(&mut Cli::command()).exit(),
+    };
+    match command {
+        Command::Serve(mut args) => {
+            let matches = cli::serve_matches(&matches);
+            match reference_env::apply(&mut args, matches, &ProcessEnvironment) {
+                Ok(report) => serve(&args, &report),
+                Err(error) => {
+                    eprintln!("floodgate: {error}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::CheckConfig { dir } => check_config(&dir),
     }
 }
@@ -37,8 +55,12 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
 }
 
 /// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails.
-fn serve(args: &ServeArgs) -> ExitCode {
-    telemetry::init(args.log_format);
+fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
+    telemetry::init(
+        args.log_format,
+        reference.log_level.unwrap_or(LevelFilter::INFO),
+    );
+    reference.log();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

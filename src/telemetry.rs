@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
+pub use tracing_subscriber::filter::LevelFilter;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -14,9 +15,16 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber; the level comes from `RUST_LOG` (default `info`).
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the global subscriber. The filter comes from `RUST_LOG` when it is set and not
+/// empty (an unparsable one falls back to `info`, so a typo never silences the logs);
+/// otherwise every target logs at `level`.
+pub fn init(format: LogFormat, level: LevelFilter) {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.is_empty() => {
+            EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"))
+        }
+        _ => EnvFilter::default().add_directive(level.into()),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stdout)

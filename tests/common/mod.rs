@@ -179,13 +179,28 @@ impl Binary {
     /// Starts `floodgate serve` with `args` on ephemeral loopback ports and waits (bounded)
     /// for the line that announces the bound addresses.
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Binary {
-        use std::io::BufRead;
-        use std::process::{Command, Stdio};
-        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command
             .arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(args)
-            .envs(envs.iter().copied())
+            .envs(envs.iter().copied());
+        Binary::spawn(command)
+    }
+
+    /// Starts `floodgate serve` with no flags and nothing but `envs` in its environment (no
+    /// inherited `FLOODGATE_*`, `RUST_LOG` or reference variables), as a Deployment that
+    /// only sets variables would, and waits for the address line as [`Binary::start`] does.
+    pub fn start_with_env_only(envs: &[(&str, &str)]) -> Binary {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command.arg("serve").env_clear().envs(envs.iter().copied());
+        Binary::spawn(command)
+    }
+
+    fn spawn(mut command: std::process::Command) -> Binary {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

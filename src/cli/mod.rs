@@ -4,6 +4,7 @@
 //! binary is configured by flags locally and by the environment in Kubernetes. Parsing goes
 //! through [`Cli::try_parse_from`], so tests hand in arguments and never touch the process
 //! environment of other tests. Defaults are named constants beside the flags that use them.
+//! `serve` also reads envoyproxy/ratelimit's variables, below its own ([`reference_env`]).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::BackendSettings;
 pub use crate::headers::HeaderMode as ResponseHeaders;
@@ -19,6 +20,8 @@ pub use crate::limiter::FailureMode;
 use crate::limiter::LimiterOptions;
 use crate::server::Settings;
 pub use crate::telemetry::LogFormat;
+
+pub mod reference_env;
 
 /// `--version` output: the crate version and the git revision it was built from
 /// (`unknown` when built outside a git checkout).
@@ -74,6 +77,13 @@ impl Cli {
     pub fn into_command(self) -> Command {
         self.command.unwrap_or(Command::Serve(self.serve))
     }
+}
+
+/// The matches that hold the serve flags: the subcommand's when `serve` was named, else the
+/// top level's (where the flattened flags live). Their value sources tell a given setting
+/// from a default.
+pub fn serve_matches(matches: &ArgMatches) -> &ArgMatches {
+    matches.subcommand_matches("serve").unwrap_or(matches)
 }
 
 /// The subcommands.

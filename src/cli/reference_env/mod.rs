@@ -1,0 +1,630 @@
+//! Drop-in migration from envoyproxy/ratelimit (the reference service): `serve` also reads
+//! the reference's environment variables wherever they mean something here, so a Deployment
+//! can swap the image and keep its `env:` block.
+//!
+//! Precedence, per floodgate setting: a flag or `FLOODGATE_*` variable, then the reference
+//! variables that stand in for it, then floodgate's default. clap's value source tells an
+//! explicit setting from a default; a reference variable whose setting is explicit is not
+//! even parsed, and is logged as overridden.
+//!
+//! A set reference variable is never ignored silently. A value floodgate cannot honour
+//! without answering clients differently (a Sentinel or memcache backend, a malformed value)
+//! stops startup; anything else it cannot honour is logged as a warning, one line per
+//! variable. An empty value counts as unset, as templated manifests often render one.
+//!
+//! The environment is read through [`Environment`], so tests feed maps and never touch the
+//! process environment.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+
+use super::{BackendKind, LogFormat, RedisUrl, ResponseHeaders, ServeArgs};
+use crate::telemetry::LevelFilter;
+
+mod unsupported;
+
+/// Where the variables come from: the process, or a map in tests.
+pub trait Environment {
+    /// The value of `name`, if set (lossily decoded: a non-UTF-8 value then fails to parse
+    /// instead of reading as unset).
+    fn var(&self, name: &str) -> Option<String>;
+    /// The names of every variable set, for the prefix families of unsupported variables.
+    fn names(&self) -> Vec<String>;
+}
+
+/// The environment of this process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnvironment;
+
+impl Environment for ProcessEnvironment {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+    }
+
+    fn names(&self) -> Vec<String> {
+        std::env::vars_os()
+            .map(|(name, _)| name.to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+impl Environment for BTreeMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.keys().cloned().collect()
+    }
+}
+
+/// A reference variable whose value floodgate cannot use; startup stops.
+#[derive(Debug, thiserror::Error)]
+#[error("{variable}: {message}")]
+pub struct ReferenceEnvError {
+    /// The variable at fault.
+    pub variable: &'static str,
+    /// What is wrong, never echoing a secret.
+    message: String,
+}
+
+fn invalid(variable: &'static str, message: impl Into<String>) -> ReferenceEnvError {
+    ReferenceEnvError {
+        variable,
+        message: message.into(),
+    }
+}
+
+/// What the reference variables did, for the startup log.
+#[derive(Debug, Default, PartialEq)]
+pub struct Report {
+    /// The level from `LOG_LEVEL`, when `RUST_LOG` does not set the filter.
+    pub log_level: Option<LevelFilter>,
+    /// (variable, floodgate setting) pairs that were applied.
+    pub applied: Vec<(&'static str, &'static str)>,
+    /// (variable, floodgate setting) pairs not applied because the setting was given.
+    pub overridden: Vec<(&'static str, &'static str)>,
+    /// Set variables floodgate does not (fully) honour.
+    pub unsupported: Vec<Unsupported>,
+}
+
+/// A set reference variable that floodgate does not (fully) honour.
+#[derive(Debug, PartialEq)]
+pub struct Unsupported {
+    /// Its name.
+    pub variable: String,
+    /// What floodgate does instead.
+    pub reason: &'static str,
+}
+
+impl Report {
+    /// Logs one line per variable: applied and overridden at info, unsupported as a warning.
+    pub fn log(&self) {
+        for (variable, setting) in &self.applied {
+            tracing::info!(variable, setting, "reference environment variable applied");
+        }
+        for (variable, setting) in &self.overridden {
+            tracing::info!(
+                variable,
+                setting,
+                "reference environment variable ignored: the floodgate setting is given"
+            );
+        }
+        for unsupported in &self.unsupported {
+            tracing::warn!(
+                variable = %unsupported.variable,
+                "reference environment variable not supported, ignored: {}",
+                unsupported.reason
+            );
+        }
+    }
+}
+
+/// A floodgate setting: its clap argument id (the `ServeArgs` field) and its flag.
+#[derive(Debug, Clone, Copy)]
+struct Setting {
+    id: &'static str,
+    flag: &'static str,
+}
+
+const fn setting(id: &'static str, flag: &'static str) -> Setting {
+    Setting { id, flag }
+}
+
+const CONFIG: Setting = setting("config", "--config");
+const GRPC_ADDR: Setting = setting("grpc_addr", "--grpc-addr");
+const HTTP_ADDR: Setting = setting("http_addr", "--http-addr");
+const BACKEND: Setting = setting("backend", "--backend");
+const REDIS_URL: Setting = setting("redis_url", "--redis-url");
+const REDIS_POOL_SIZE: Setting = setting("redis_pool_size", "--redis-pool-size");
+const RESPONSE_HEADERS: Setting = setting("response_headers", "--response-headers");
+const LOCAL_CACHE_ENTRIES: Setting = setting("local_cache_entries", "--local-cache-entries");
+const SHADOW_MODE: Setting = setting("shadow_mode", "--shadow-mode");
+const LOG_FORMAT: Setting = setting("log_format", "--log-format");
+const KEY_PREFIX: Setting = setting("key_prefix", "--key-prefix");
+
+/// The reference's rule root when `RUNTIME_ROOT` is unset.
+const REFERENCE_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+/// The reference's rule directory name under the root when `RUNTIME_APPDIRECTORY` is unset.
+const REFERENCE_APP_DIRECTORY: &str = "config";
+/// The reference's listen host when `HOST` / `GRPC_HOST` is unset.
+const REFERENCE_HOST: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// The reference's admin HTTP port when `PORT` is unset.
+const REFERENCE_HTTP_PORT: u16 = 8080;
+/// The reference's gRPC port when `GRPC_PORT` is unset.
+const REFERENCE_GRPC_PORT: u16 = 8081;
+/// `LOCAL_CACHE_SIZE_IN_BYTES` is a byte budget for the reference's freecache; floodgate's
+/// cache counts entries. An entry (key, expiry, bookkeeping) takes roughly this many bytes,
+/// so the same budget holds about `bytes / 100` entries.
+const ASSUMED_BYTES_PER_CACHE_ENTRY: u64 = 100;
+
+/// The reference variables that describe a Redis connection; any of them (or `BACKEND_TYPE`)
+/// moves floodgate off its memory default, as the reference's own default backend is Redis.
+const REDIS_VARIABLES: [&str; 6] = [
+    "REDIS_URL",
+    "REDIS_TYPE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_POOL_SIZE",
+];
+
+/// Applies the reference variables of `env` to `args`, for every setting that `matches`
+/// (the serve flags' matches) shows at its default.
+///
+/// # Errors
+/// A variable floodgate would apply has a malformed value, or asks for something floodgate
+/// cannot do without answering clients differently (`REDIS_TYPE=sentinel`,
+/// `BACKEND_TYPE=memcache`).
+pub fn apply(
+    args: &mut ServeArgs,
+    matches: &ArgMatches,
+    env: &dyn Environment,
+) -> Result<Report, ReferenceEnvError> {
+    let mut mapper = Mapper {
+        env,
+        matches,
+        report: Report::default(),
+    };
+    mapper.listeners(args)?;
+    mapper.rules(args);
+    mapper.logging(args)?;
+    mapper.limiter(args)?;
+    mapper.backend(args)?;
+    mapper.unsupported();
+    Ok(mapper.report)
+}
+
+struct Mapper<'a> {
+    env: &'a dyn Environment,
+    matches: &'a ArgMatches,
+    report: Report,
+}
+
+impl Mapper<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        self.env.var(name).filter(|value| !value.is_empty())
+    }
+
+    fn is_set(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Whether a flag or `FLOODGATE_*` variable gave `setting`.
+    fn explicit(&self, setting: Setting) -> bool {
+        !matches!(
+            self.matches.value_source(setting.id),
+            None | Some(ValueSource::DefaultValue)
+        )
+    }
+
+    /// Whether the set ones among `variables` may decide `setting`; records them as applied,
+    /// or as overridden when floodgate's own setting is given. False when none is set.
+    fn claim(&mut self, setting: Setting, variables: &[&'static str]) -> bool {
+        let set: Vec<_> = variables
+            .iter()
+            .copied()
+            .filter(|name| self.is_set(name))
+            .collect();
+        if set.is_empty() {
+            return false;
+        }
+        let free = !self.explicit(setting);
+        let record = if free {
+            &mut self.report.applied
+        } else {
+            &mut self.report.overridden
+        };
+        record.extend(set.into_iter().map(|name| (name, setting.flag)));
+        free
+    }
+
+    /// `name`'s value through `parse`, or None when unset.
+    fn parse<T>(
+        &self,
+        name: &'static str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ReferenceEnvError> {
+        self.get(name)
+            .map(|value| parse(&value).map_err(|message| invalid(name, message)))
+            .transpose()
+    }
+
+    fn warn(&mut self, variable: &str, reason: &'static str) {
+        self.report.unsupported.push(Unsupported {
+            variable: variable.to_owned(),
+            reason,
+        });
+    }
+
+    fn listeners(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        if self.claim(HTTP_ADDR, &["HOST", "PORT"]) {
+            args.http_addr = self.listen_addr("HOST", "PORT", REFERENCE_HTTP_PORT)?;
+        }
+        if self.claim(GRPC_ADDR, &["GRPC_HOST", "GRPC_PORT"]) {
+            args.grpc_addr = self.listen_addr("GRPC_HOST", "GRPC_PORT", REFERENCE_GRPC_PORT)?;
+        }
+        Ok(())
+    }
+
+    fn listen_addr(
+        &self,
+        host: &'static str,
+        port: &'static str,
+        default_port: u16,
+    ) -> Result<SocketAddr, ReferenceEnvError> {
+        let ip = self
+            .parse(host, |value| {
+                let bare = value.trim_start_matches('[').trim_end_matches(']');
+                bare.parse::<IpAddr>().map_err(|_| {
+                    format!("`{value}` is not an IP address (floodgate binds an IP, e.g. 0.0.0.0)")
+                })
+            })?
+            .unwrap_or(REFERENCE_HOST);
+        let port = self
+            .parse(port, |value| {
+                value
+                    .parse::<u16>()
+                    .map_err(|_| format!("`{value}` is not a port number"))
+            })?
+            .unwrap_or(default_port);
+        Ok(SocketAddr::new(ip, port))
+    }
+
+    /// The rule directory: `<RUNTIME_ROOT>/<RUNTIME_SUBDIRECTORY>/<RUNTIME_APPDIRECTORY>`,
+    /// joined as Go's `filepath.Join` does (a leading `/` does not restart the path).
+    fn rules(&mut self, args: &mut ServeArgs) {
+        let (root, sub) = (self.get("RUNTIME_ROOT"), self.get("RUNTIME_SUBDIRECTORY"));
+        if root.is_none() && sub.is_none() {
+            if self.is_set("RUNTIME_APPDIRECTORY") {
+                self.warn(
+                    "RUNTIME_APPDIRECTORY",
+                    "used only with RUNTIME_ROOT or RUNTIME_SUBDIRECTORY; --config applies",
+                );
+            }
+            return;
+        }
+        let variables = [
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+        ];
+        if self.claim(CONFIG, &variables) {
+            let mut dir = PathBuf::from(root.as_deref().unwrap_or(REFERENCE_RUNTIME_ROOT));
+            let app = self.get("RUNTIME_APPDIRECTORY");
+            for part in [
+                sub.as_deref(),
+                Some(app.as_deref().unwrap_or(REFERENCE_APP_DIRECTORY)),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let part = part.trim_start_matches('/');
+                if !part.is_empty() {
+                    dir.push(part);
+                }
+            }
+            args.config = dir;
+        }
+    }
+
+    fn logging(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        if self.is_set("LOG_LEVEL") {
+            if self.is_set("RUST_LOG") {
+                self.report.overridden.push(("LOG_LEVEL", "RUST_LOG"));
+            } else {
+                self.report.log_level = self.parse("LOG_LEVEL", parse_level)?;
+                self.report.applied.push(("LOG_LEVEL", "RUST_LOG"));
+            }
+        }
+        if self.claim(LOG_FORMAT, &["LOG_FORMAT"]) {
+            let format = self.parse("LOG_FORMAT", |value| {
+                match value.to_ascii_lowercase().as_str() {
+                    "json" => Ok(LogFormat::Json),
+                    "text" => Ok(LogFormat::Text),
+                    _ => Err(format!("`{value}` is neither `json` nor `text`")),
+                }
+            })?;
+            args.log_format = format.unwrap_or(args.log_format);
+        }
+        Ok(())
+    }
+
+    fn limiter(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        if self.claim(SHADOW_MODE, &["SHADOW_MODE"]) {
+            args.shadow_mode = self.parse("SHADOW_MODE", parse_bool)? == Some(true);
+        }
+        if self.claim(RESPONSE_HEADERS, &["LIMIT_RESPONSE_HEADERS_ENABLED"]) {
+            // The reference's headers are the plain-integer RateLimit-Limit/Remaining/Reset.
+            let enabled = self.parse("LIMIT_RESPONSE_HEADERS_ENABLED", parse_bool)?;
+            args.response_headers = if enabled == Some(true) {
+                ResponseHeaders::Legacy
+            } else {
+                ResponseHeaders::Off
+            };
+        }
+        if self.claim(LOCAL_CACHE_ENTRIES, &["LOCAL_CACHE_SIZE_IN_BYTES"]) {
+            let bytes = self.parse("LOCAL_CACHE_SIZE_IN_BYTES", |value| {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| format!("`{value}` is not a number of bytes"))
+            })?;
+            let entries = bytes.unwrap_or(0) / ASSUMED_BYTES_PER_CACHE_ENTRY;
+            args.local_cache_entries = usize::try_from(entries).unwrap_or(usize::MAX);
+        }
+        if self.claim(KEY_PREFIX, &["CACHE_KEY_PREFIX"]) {
+            args.key_prefix = self.get("CACHE_KEY_PREFIX").unwrap_or_default();
+        }
+        Ok(())
+    }
+
+    fn backend(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        let redis_set: Vec<_> = REDIS_VARIABLES
+            .into_iter()
+            .filter(|name| self.is_set(name))
+            .collect();
+        let choosers = ["BACKEND_TYPE", "REDIS_TYPE"];
+        if self.claim(BACKEND, &choosers) {
+            args.backend = self.reference_backend()?;
+        } else if !self.explicit(BACKEND) && !redis_set.is_empty() {
+            // No chooser set: the reference's default backend, Redis, is what these describe.
+            args.backend = self.reference_backend()?;
+            self.report.applied.push((redis_set[0], BACKEND.flag));
+        }
+        if args.backend == BackendKind::Memory {
+            let unused = redis_set.into_iter().filter(|name| *name != "REDIS_TYPE");
+            self.report
+                .overridden
+                .extend(unused.map(|name| (name, BACKEND.flag)));
+            return Ok(());
+        }
+        let url_variables = ["REDIS_URL", "REDIS_AUTH", "REDIS_TLS", "REDIS_SOCKET_TYPE"];
+        if !self.is_set("REDIS_URL") && !self.explicit(REDIS_URL) {
+            for name in &url_variables[1..] {
+                if self.is_set(name) {
+                    self.warn(name, "has no effect without REDIS_URL; --redis-url applies");
+                }
+            }
+        } else if self.claim(REDIS_URL, &url_variables) {
+            args.redis_url = self.redis_urls(args.backend)?;
+        }
+        if self.claim(REDIS_POOL_SIZE, &["REDIS_POOL_SIZE"]) {
+            let size = self.parse("REDIS_POOL_SIZE", |value| match value.parse::<u32>() {
+                Ok(size) if size > 0 => Ok(size),
+                _ => Err(format!("`{value}` is not a positive number of connections")),
+            })?;
+            args.redis_pool_size = size.unwrap_or(args.redis_pool_size);
+            if args.backend == BackendKind::RedisCluster {
+                self.warn(
+                    "REDIS_POOL_SIZE",
+                    "the Redis Cluster client multiplexes one connection per node; \
+                     the pool size applies to --backend redis only",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The backend the reference would use: `BACKEND_TYPE` (default redis), then
+    /// `REDIS_TYPE` (default single).
+    fn reference_backend(&self) -> Result<BackendKind, ReferenceEnvError> {
+        let backend_type = self
+            .get("BACKEND_TYPE")
+            .map(|value| value.to_ascii_lowercase());
+        match backend_type.as_deref() {
+            None | Some("redis") => self.redis_kind(),
+            Some("memcache") => Err(invalid(
+                "BACKEND_TYPE",
+                "memcache is not supported; use Redis (BACKEND_TYPE=redis or --backend)",
+            )),
+            Some(other) => Err(invalid(
+                "BACKEND_TYPE",
+                format!("`{other}` is not a backend (expected redis)"),
+            )),
+        }
+    }
+
+    fn redis_kind(&self) -> Result<BackendKind, ReferenceEnvError> {
+        let redis_type = self
+            .get("REDIS_TYPE")
+            .map(|value| value.to_ascii_lowercase());
+        match redis_type.as_deref() {
+            None | Some("single") => Ok(BackendKind::Redis),
+            Some("cluster") => Ok(BackendKind::RedisCluster),
+            Some("sentinel") => Err(invalid(
+                "REDIS_TYPE",
+                "Redis Sentinel is not supported; use REDIS_TYPE=single with the master's \
+                 address, or a Redis Cluster",
+            )),
+            Some(other) => Err(invalid(
+                "REDIS_TYPE",
+                format!("`{other}` is not a Redis type (expected single or cluster)"),
+            )),
+        }
+    }
+
+    /// `REDIS_URL`'s comma-separated `host:port` seeds (or socket paths) as URLs, with the
+    /// scheme from `REDIS_TLS` / `REDIS_SOCKET_TYPE` and the credentials of `REDIS_AUTH`.
+    fn redis_urls(&mut self, backend: BackendKind) -> Result<Vec<RedisUrl>, ReferenceEnvError> {
+        // A Sentinel URL is `master,sentinel:port,...`: it must never read as seed nodes.
+        self.redis_kind()?;
+        let tls = self.parse("REDIS_TLS", parse_bool)? == Some(true);
+        let unix = self.parse("REDIS_SOCKET_TYPE", |value| {
+            match value.to_ascii_lowercase().as_str() {
+                "tcp" => Ok(false),
+                "unix" => Ok(true),
+                _ => Err(format!("`{value}` is neither `tcp` nor `unix`")),
+            }
+        })?;
+        let auth = self
+            .get("REDIS_AUTH")
+            .map(|auth| match auth.split_once(':') {
+                Some((user, password)) => Credentials {
+                    user: Some(user.to_owned()),
+                    password: password.to_owned(),
+                },
+                None => Credentials {
+                    user: None,
+                    password: auth,
+                },
+            });
+        let mut urls = Vec::new();
+        let mut scheme_kept = false;
+        for seed in self.get("REDIS_URL").unwrap_or_default().split(',') {
+            let seed = seed.trim();
+            if seed.is_empty() {
+                continue;
+            }
+            let url = if seed.contains("://") {
+                scheme_kept |= tls && seed.starts_with("redis://");
+                seed.to_owned()
+            } else if unix.unwrap_or_else(|| seed.starts_with('/')) {
+                if tls {
+                    return Err(invalid("REDIS_TLS", "TLS does not apply to a Unix socket"));
+                }
+                if backend == BackendKind::RedisCluster {
+                    return Err(invalid(
+                        "REDIS_SOCKET_TYPE",
+                        "a Redis Cluster is not reachable through a Unix socket",
+                    ));
+                }
+                if !seed.starts_with('/') {
+                    return Err(invalid("REDIS_URL", "a Unix socket needs an absolute path"));
+                }
+                format!("unix://{seed}")
+            } else {
+                let scheme = if tls { "rediss" } else { "redis" };
+                format!("{scheme}://{seed}")
+            };
+            let url = match &auth {
+                Some(credentials) => credentials.insert_into(&url)?,
+                None => url,
+            };
+            urls.push(
+                url.parse::<RedisUrl>()
+                    .map_err(|message| invalid("REDIS_URL", message))?,
+            );
+        }
+        if urls.is_empty() {
+            return Err(invalid("REDIS_URL", "names no Redis node"));
+        }
+        if scheme_kept {
+            self.warn(
+                "REDIS_TLS",
+                "a `redis://` scheme given in REDIS_URL is kept",
+            );
+        }
+        Ok(urls)
+    }
+
+    /// Reports every set variable that floodgate recognises but does not honour, unless its
+    /// value asks for nothing floodgate lacks.
+    fn unsupported(&mut self) {
+        let mut names = self.env.names();
+        names.sort();
+        for name in names {
+            let Some(value) = self.get(&name) else {
+                continue;
+            };
+            if let Some(reason) = unsupported::reason(&name, &value) {
+                self.warn(&name, reason);
+            }
+        }
+    }
+}
+
+/// `REDIS_AUTH`: `password` or `user:password`.
+struct Credentials {
+    user: Option<String>,
+    password: String,
+}
+
+impl Credentials {
+    /// `url` with these credentials: in the userinfo for TCP, as `user`/`pass` query
+    /// parameters for a Unix socket (redis-rs reads them there). Percent-encoded, so any
+    /// character of a password survives.
+    fn insert_into(&self, url: &str) -> Result<String, ReferenceEnvError> {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+        if scheme.ends_with("unix") {
+            let mut query = format!("pass={}", percent_encode(&self.password));
+            if let Some(user) = &self.user {
+                query = format!("user={}&{query}", percent_encode(user));
+            }
+            let separator = if rest.contains('?') { '&' } else { '?' };
+            return Ok(format!("{url}{separator}{query}"));
+        }
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        if authority.contains('@') {
+            return Err(invalid(
+                "REDIS_AUTH",
+                "REDIS_URL already carries credentials; set them in one place",
+            ));
+        }
+        let user = self.user.as_deref().map(percent_encode).unwrap_or_default();
+        let password = percent_encode(&self.password);
+        Ok(format!("{scheme}://{user}:{password}@{rest}"))
+    }
+}
+
+/// Percent-encodes every byte outside RFC 3986's unreserved set.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// A boolean as Go's `strconv.ParseBool` (and so the reference) reads it.
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("`{value}` is not a boolean (true/false, 1/0, t/f)")),
+    }
+}
+
+/// A logrus level name, case-insensitive; `fatal` and `panic` log errors only.
+fn parse_level(value: &str) -> Result<LevelFilter, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "trace" => Ok(LevelFilter::TRACE),
+        "debug" => Ok(LevelFilter::DEBUG),
+        "info" => Ok(LevelFilter::INFO),
+        "warn" | "warning" => Ok(LevelFilter::WARN),
+        "error" | "fatal" | "panic" => Ok(LevelFilter::ERROR),
+        _ => Err(format!(
+            "`{value}` is not a log level (trace, debug, info, warn, error, fatal, panic)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,545 @@
+//! The mapping, fed from maps: the process environment is never touched.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, FromArgMatches};
+use redis::{ConnectionAddr, IntoConnectionInfo};
+
+use super::*;
+use crate::cli::{Cli, Command, serve_matches};
+
+/// Parses `argv` as the binary does and applies `vars` as the reference environment.
+fn run(argv: &[&str], vars: &[(&str, &str)]) -> Result<(ServeArgs, Report), ReferenceEnvError> {
+    let argv = std::iter::once("floodgate").chain(argv.iter().copied());
+    let matches = Cli::command()
+        .try_get_matches_from(argv)
+        .expect("argv parses");
+    let Command::Serve(mut args) = Cli::from_arg_matches(&matches).unwrap().into_command() else {
+        panic!("expected serve");
+    };
+    let env: BTreeMap<String, String> = vars
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+    let report = apply(&mut args, serve_matches(&matches), &env)?;
+    Ok((args, report))
+}
+
+/// Reference variables, as a test case gives them.
+type Vars<'a> = &'a [(&'a str, &'a str)];
+
+fn mapped(vars: &[(&str, &str)]) -> (ServeArgs, Report) {
+    run(&[], vars).unwrap_or_else(|error| panic!("{vars:?}: {error}"))
+}
+
+fn error(vars: &[(&str, &str)]) -> ReferenceEnvError {
+    match run(&[], vars) {
+        Ok((args, _)) => panic!("{vars:?} accepted: {args:?}"),
+        Err(error) => error,
+    }
+}
+
+fn urls(args: &ServeArgs) -> Vec<&str> {
+    args.redis_url.iter().map(RedisUrl::as_str).collect()
+}
+
+fn warned(report: &Report) -> Vec<&str> {
+    report
+        .unsupported
+        .iter()
+        .map(|unsupported| unsupported.variable.as_str())
+        .collect()
+}
+
+#[test]
+fn setting_ids_name_the_serve_arguments() {
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").unwrap();
+    for setting in [
+        CONFIG,
+        GRPC_ADDR,
+        HTTP_ADDR,
+        BACKEND,
+        REDIS_URL,
+        REDIS_POOL_SIZE,
+        RESPONSE_HEADERS,
+        LOCAL_CACHE_ENTRIES,
+        SHADOW_MODE,
+        LOG_FORMAT,
+        KEY_PREFIX,
+    ] {
+        let arg = serve
+            .get_arguments()
+            .find(|arg| arg.get_id() == setting.id)
+            .unwrap_or_else(|| panic!("no argument `{}`", setting.id));
+        assert_eq!(format!("--{}", arg.get_long().unwrap()), setting.flag);
+    }
+}
+
+#[test]
+fn without_reference_variables_nothing_changes() {
+    let (untouched, _) = run(&[], &[]).unwrap();
+    let (args, report) = mapped(&[
+        ("PATH", "/usr/bin"),
+        ("USE_PROMETHEUS", "true"),
+        ("DEBUG_PORT", ""),
+    ]);
+    assert_eq!(format!("{args:?}"), format!("{untouched:?}"));
+    assert_eq!(report, Report::default());
+    assert_eq!(args.backend, BackendKind::Memory);
+}
+
+#[test]
+fn a_reference_deployment_maps_onto_floodgate_settings() {
+    let (args, report) = mapped(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.ns.svc:6379"),
+        ("REDIS_POOL_SIZE", "20"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "9080"),
+        ("GRPC_PORT", "9081"),
+        ("LOG_LEVEL", "DEBUG"),
+        ("LOG_FORMAT", "json"),
+        ("SHADOW_MODE", "true"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "True"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+        ("CACHE_KEY_PREFIX", "rl_"),
+        ("USE_STATSD", "false"),
+    ]);
+    assert_eq!(args.backend, BackendKind::Redis);
+    assert_eq!(urls(&args), ["redis://redis.ns.svc:6379"]);
+    assert_eq!(args.redis_pool_size, 20);
+    assert_eq!(args.config, PathBuf::from("/data/ratelimit/config"));
+    assert_eq!(args.http_addr.to_string(), "127.0.0.1:9080");
+    assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:9081");
+    assert_eq!(report.log_level, Some(LevelFilter::DEBUG));
+    assert_eq!(args.log_format, LogFormat::Json);
+    assert!(args.shadow_mode);
+    assert_eq!(args.response_headers, ResponseHeaders::Legacy);
+    assert_eq!(args.local_cache_entries, 10_485);
+    assert_eq!(args.key_prefix, "rl_");
+    assert!(report.unsupported.is_empty(), "{:?}", report.unsupported);
+    assert!(report.overridden.is_empty(), "{:?}", report.overridden);
+    for pair in [
+        ("REDIS_URL", "--redis-url"),
+        ("REDIS_SOCKET_TYPE", "--redis-url"),
+        ("REDIS_URL", "--backend"),
+        ("PORT", "--http-addr"),
+        ("RUNTIME_SUBDIRECTORY", "--config"),
+        ("LOG_LEVEL", "RUST_LOG"),
+    ] {
+        assert!(
+            report.applied.contains(&pair),
+            "{pair:?}: {:?}",
+            report.applied
+        );
+    }
+}
+
+#[test]
+fn floodgate_settings_win_and_their_stand_ins_are_not_parsed() {
+    let vars = [
+        ("PORT", "not-a-port"),
+        ("HOST", "127.0.0.1"),
+        ("GRPC_PORT", "9001"),
+        ("RUNTIME_ROOT", "/data"),
+        ("REDIS_URL", "r:6379"),
+        ("REDIS_AUTH", "s3cret"),
+        ("SHADOW_MODE", "bogus"),
+        ("LOG_FORMAT", "xml"),
+    ];
+    let flags = [
+        "--http-addr",
+        "127.0.0.1:1",
+        "--config",
+        "mine",
+        "--backend",
+        "memory",
+        "--shadow-mode",
+        "--log-format",
+        "text",
+    ];
+    let with_subcommand = [&["serve"][..], &flags[..]].concat();
+    for argv in [&flags[..], &with_subcommand[..]] {
+        let (args, report) = run(argv, &vars).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        assert_eq!(args.http_addr.to_string(), "127.0.0.1:1");
+        assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:9001");
+        assert_eq!(args.config, PathBuf::from("mine"));
+        assert_eq!(args.backend, BackendKind::Memory);
+        assert_eq!(urls(&args), ["redis://127.0.0.1:6379"]);
+        assert!(args.shadow_mode);
+        let mut overridden = report.overridden.clone();
+        overridden.sort();
+        assert_eq!(
+            overridden,
+            [
+                ("HOST", "--http-addr"),
+                ("LOG_FORMAT", "--log-format"),
+                ("PORT", "--http-addr"),
+                ("REDIS_AUTH", "--backend"),
+                ("REDIS_URL", "--backend"),
+                ("RUNTIME_ROOT", "--config"),
+                ("SHADOW_MODE", "--shadow-mode"),
+            ]
+        );
+        assert_eq!(report.applied, [("GRPC_PORT", "--grpc-addr")]);
+    }
+}
+
+#[test]
+fn an_explicit_redis_backend_still_takes_the_reference_url() {
+    let (args, report) = run(
+        &["--backend", "redis-cluster"],
+        &[("REDIS_TYPE", "single"), ("REDIS_URL", "a:1,b:2")],
+    )
+    .unwrap();
+    assert_eq!(args.backend, BackendKind::RedisCluster);
+    assert_eq!(urls(&args), ["redis://a:1", "redis://b:2"]);
+    assert_eq!(report.overridden, [("REDIS_TYPE", "--backend")]);
+}
+
+#[test]
+fn redis_variables_choose_the_backend_and_its_urls() {
+    let cases: [(Vars, BackendKind, &[&str]); 8] = [
+        (
+            &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")],
+            BackendKind::Redis,
+            &["redis://redis:6379"],
+        ),
+        (
+            &[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "a:7000, b:7001,")],
+            BackendKind::RedisCluster,
+            &["redis://a:7000", "redis://b:7001"],
+        ),
+        (
+            &[("BACKEND_TYPE", "redis")],
+            BackendKind::Redis,
+            &["redis://127.0.0.1:6379"],
+        ),
+        (
+            &[("REDIS_TLS", "true"), ("REDIS_URL", "r:6380")],
+            BackendKind::Redis,
+            &["rediss://r:6380"],
+        ),
+        (
+            &[("REDIS_URL", "/var/run/redis.sock")],
+            BackendKind::Redis,
+            &["unix:///var/run/redis.sock"],
+        ),
+        (
+            &[("REDIS_URL", "rediss://r:1"), ("REDIS_TYPE", "single")],
+            BackendKind::Redis,
+            &["rediss://r:1"],
+        ),
+        (
+            &[("REDIS_PERSECOND", "true"), ("REDIS_PERSECOND_URL", "r:1")],
+            BackendKind::Memory,
+            &["redis://127.0.0.1:6379"],
+        ),
+        (
+            &[("REDIS_URL", "[::1]:6379")],
+            BackendKind::Redis,
+            &["redis://[::1]:6379"],
+        ),
+    ];
+    for (vars, backend, expected) in cases {
+        let (args, _) = mapped(vars);
+        assert_eq!(args.backend, backend, "{vars:?}");
+        assert_eq!(urls(&args), expected, "{vars:?}");
+    }
+    let (_, report) = mapped(&[("REDIS_URL", "r:1")]);
+    assert_eq!(
+        report.applied,
+        [("REDIS_URL", "--backend"), ("REDIS_URL", "--redis-url")]
+    );
+}
+
+#[test]
+fn partly_honoured_redis_variables_are_reported() {
+    let (args, report) = mapped(&[("REDIS_URL", "redis://a:1,redis://b:1"), ("REDIS_TLS", "1")]);
+    assert_eq!(urls(&args), ["redis://a:1", "redis://b:1"]);
+    assert_eq!(warned(&report), ["REDIS_TLS"]);
+
+    let (args, report) = mapped(&[
+        ("REDIS_TYPE", "cluster"),
+        ("REDIS_URL", "a:1"),
+        ("REDIS_POOL_SIZE", "4"),
+    ]);
+    assert_eq!(args.redis_pool_size, 4);
+    assert_eq!(warned(&report), ["REDIS_POOL_SIZE"]);
+
+    // Without REDIS_URL there is no reference URL to secure or authenticate.
+    let (args, report) = mapped(&[("REDIS_AUTH", "pw"), ("REDIS_TLS", "true")]);
+    assert_eq!(args.backend, BackendKind::Redis);
+    assert_eq!(urls(&args), ["redis://127.0.0.1:6379"]);
+    assert_eq!(warned(&report), ["REDIS_AUTH", "REDIS_TLS"]);
+}
+
+#[test]
+fn redis_auth_reaches_the_client_intact() {
+    let password = "p@ss:w/rd %+?#é";
+    let auth = format!("app:{password}");
+    let (args, _) = mapped(&[
+        ("REDIS_TYPE", "cluster"),
+        ("REDIS_URL", "a:7000,b:7001"),
+        ("REDIS_AUTH", &auth),
+    ]);
+    let hosts: Vec<_> = args
+        .redis_url
+        .iter()
+        .map(|url| {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .expect("redis-rs reads it");
+            assert_eq!(info.redis_settings().username(), Some("app"));
+            assert_eq!(info.redis_settings().password(), Some(password));
+            match info.addr() {
+                ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    assert_eq!(hosts, ["a:7000", "b:7001"]);
+    assert!(!format!("{args:?}").contains("w/rd"), "{args:?}");
+
+    let (args, _) = mapped(&[("REDIS_URL", "r:1"), ("REDIS_AUTH", "only-pass")]);
+    let info = args.redis_url[0].as_str().into_connection_info().unwrap();
+    assert_eq!(info.redis_settings().username(), None);
+    assert_eq!(info.redis_settings().password(), Some("only-pass"));
+
+    let (args, _) = mapped(&[
+        ("REDIS_SOCKET_TYPE", "unix"),
+        ("REDIS_URL", "/run/redis.sock"),
+        ("REDIS_AUTH", &auth),
+    ]);
+    let info = args.redis_url[0].as_str().into_connection_info().unwrap();
+    assert_eq!(info.redis_settings().username(), Some("app"));
+    assert_eq!(info.redis_settings().password(), Some(password));
+    assert!(matches!(info.addr(), ConnectionAddr::Unix(path) if path.ends_with("redis.sock")));
+}
+
+#[test]
+fn unusable_values_stop_startup_naming_the_variable() {
+    let cases: [(Vars, &str); 21] = [
+        (&[("REDIS_TYPE", "sentinel")], "REDIS_TYPE"),
+        (&[("REDIS_TYPE", "ring")], "REDIS_TYPE"),
+        (&[("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+        (&[("BACKEND_TYPE", "etcd")], "BACKEND_TYPE"),
+        (&[("REDIS_URL", "r:1"), ("REDIS_TLS", "yes")], "REDIS_TLS"),
+        (&[("SHADOW_MODE", "on")], "SHADOW_MODE"),
+        (
+            &[("LIMIT_RESPONSE_HEADERS_ENABLED", "enabled")],
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+        ),
+        (&[("PORT", "http")], "PORT"),
+        (&[("GRPC_PORT", "70000")], "GRPC_PORT"),
+        (&[("HOST", "localhost")], "HOST"),
+        (&[("LOG_LEVEL", "verbose")], "LOG_LEVEL"),
+        (&[("LOG_FORMAT", "xml")], "LOG_FORMAT"),
+        (
+            &[("LOCAL_CACHE_SIZE_IN_BYTES", "-1")],
+            "LOCAL_CACHE_SIZE_IN_BYTES",
+        ),
+        (&[("REDIS_POOL_SIZE", "0")], "REDIS_POOL_SIZE"),
+        (
+            &[("REDIS_SOCKET_TYPE", "udp"), ("REDIS_URL", "r:1")],
+            "REDIS_SOCKET_TYPE",
+        ),
+        (
+            &[("REDIS_TYPE", "cluster"), ("REDIS_URL", "/run/r.sock")],
+            "REDIS_SOCKET_TYPE",
+        ),
+        (
+            &[("REDIS_URL", "/run/r.sock"), ("REDIS_TLS", "true")],
+            "REDIS_TLS",
+        ),
+        (
+            &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", "r.sock")],
+            "REDIS_URL",
+        ),
+        (&[("REDIS_URL", " , ")], "REDIS_URL"),
+        (
+            &[
+                ("REDIS_URL", "redis://u:inurl@r:1"),
+                ("REDIS_AUTH", "s3cret"),
+            ],
+            "REDIS_AUTH",
+        ),
+        (&[("REDIS_URL", "http://u:s3cret@r")], "REDIS_URL"),
+    ];
+    for (vars, variable) in cases {
+        let error = error(vars);
+        assert_eq!(error.variable, variable, "{vars:?}: {error}");
+        let shown = error.to_string();
+        assert!(shown.starts_with(&format!("{variable}: ")), "{shown}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("inurl"),
+            "{shown}"
+        );
+    }
+    let sentinel = error(&[("REDIS_TYPE", "Sentinel"), ("REDIS_URL", "m,s1:26379")]);
+    assert!(sentinel.to_string().contains("Sentinel"), "{sentinel}");
+    // The URL of a Sentinel setup is no list of seeds, even when the backend is given.
+    let given = run(
+        &["--backend", "redis"],
+        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s1:26379")],
+    );
+    assert_eq!(given.unwrap_err().variable, "REDIS_TYPE");
+}
+
+#[test]
+fn booleans_parse_as_go_does() {
+    for value in ["1", "t", "T", "TRUE", "true", "True"] {
+        assert!(mapped(&[("SHADOW_MODE", value)]).0.shadow_mode, "{value}");
+    }
+    for value in ["0", "f", "F", "FALSE", "false", "False"] {
+        assert!(!mapped(&[("SHADOW_MODE", value)]).0.shadow_mode, "{value}");
+    }
+    for value in ["yes", "on", "tRUE", "true ", "2"] {
+        assert_eq!(error(&[("SHADOW_MODE", value)]).variable, "SHADOW_MODE");
+    }
+    // Empty reads as unset, as a templated manifest renders an unset value.
+    assert!(!mapped(&[("SHADOW_MODE", "")]).0.shadow_mode);
+}
+
+#[test]
+fn log_level_applies_unless_rust_log_is_set() {
+    let levels = [
+        ("trace", LevelFilter::TRACE),
+        ("Debug", LevelFilter::DEBUG),
+        ("INFO", LevelFilter::INFO),
+        ("warn", LevelFilter::WARN),
+        ("warning", LevelFilter::WARN),
+        ("error", LevelFilter::ERROR),
+        ("fatal", LevelFilter::ERROR),
+        ("PANIC", LevelFilter::ERROR),
+    ];
+    for (value, level) in levels {
+        assert_eq!(mapped(&[("LOG_LEVEL", value)]).1.log_level, Some(level));
+    }
+    let (_, report) = mapped(&[("LOG_LEVEL", "not-parsed"), ("RUST_LOG", "debug")]);
+    assert_eq!(report.log_level, None);
+    assert_eq!(report.overridden, [("LOG_LEVEL", "RUST_LOG")]);
+    let (_, report) = mapped(&[("LOG_LEVEL", "warn"), ("RUST_LOG", "")]);
+    assert_eq!(report.log_level, Some(LevelFilter::WARN));
+}
+
+#[test]
+fn local_cache_bytes_become_entries() {
+    for (bytes, entries) in [("1048576", 10_485), ("100", 1), ("99", 0), ("0", 0)] {
+        let (args, _) = mapped(&[("LOCAL_CACHE_SIZE_IN_BYTES", bytes)]);
+        assert_eq!(args.local_cache_entries, entries, "{bytes}");
+    }
+}
+
+#[test]
+fn rule_directory_is_root_subdirectory_and_app_directory() {
+    let cases: [(Vars, &str); 5] = [
+        (
+            &[
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ],
+            "/data/ratelimit/config",
+        ),
+        (&[("RUNTIME_ROOT", "/data")], "/data/config"),
+        (
+            &[("RUNTIME_SUBDIRECTORY", "rl")],
+            "/srv/runtime_data/current/rl/config",
+        ),
+        (
+            &[
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "/rl"),
+                ("RUNTIME_APPDIRECTORY", "/rules"),
+            ],
+            "/data/rl/rules",
+        ),
+        (
+            &[("RUNTIME_ROOT", "/data/"), ("RUNTIME_APPDIRECTORY", "")],
+            "/data/config",
+        ),
+    ];
+    for (vars, dir) in cases {
+        assert_eq!(mapped(vars).0.config, PathBuf::from(dir), "{vars:?}");
+    }
+    let (args, report) = mapped(&[("RUNTIME_APPDIRECTORY", "rules")]);
+    assert_eq!(args.config, PathBuf::from("config"));
+    assert_eq!(warned(&report), ["RUNTIME_APPDIRECTORY"]);
+}
+
+#[test]
+fn listen_addresses_come_from_host_and_port() {
+    let cases: [(Vars, &str, &str); 4] = [
+        (&[("HOST", "::"), ("PORT", "0")], "[::]:0", "0.0.0.0:8081"),
+        (&[("HOST", "[::1]")], "[::1]:8080", "0.0.0.0:8081"),
+        (&[("PORT", "9")], "0.0.0.0:9", "0.0.0.0:8081"),
+        (
+            &[("GRPC_HOST", "127.0.0.1"), ("GRPC_PORT", "0")],
+            "0.0.0.0:8080",
+            "127.0.0.1:0",
+        ),
+    ];
+    for (vars, http, grpc) in cases {
+        let (args, _) = mapped(vars);
+        assert_eq!(args.http_addr.to_string(), http, "{vars:?}");
+        assert_eq!(args.grpc_addr.to_string(), grpc, "{vars:?}");
+    }
+}
+
+#[test]
+fn response_headers_follow_the_reference_switch() {
+    let (args, _) = mapped(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "false")]);
+    assert_eq!(args.response_headers, ResponseHeaders::Off);
+    let (args, _) = run(
+        &["--response-headers", "ietf"],
+        &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+    )
+    .unwrap();
+    assert_eq!(args.response_headers, ResponseHeaders::Ietf);
+}
+
+#[test]
+fn unsupported_variables_are_reported_by_name() {
+    let quiet = [
+        ("USE_STATSD", "false"),
+        ("USE_PROMETHEUS", "true"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("NEAR_LIMIT_RATIO", "0.80"),
+        ("CONFIG_TYPE", "file"),
+        ("REDIS_PERSECOND", "false"),
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ("TRACING_ENABLED", "0"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
+        ("LIMIT_RESET_HEADER", "ratelimit-reset"),
+        ("DEBUG_PORT", ""),
+    ];
+    assert!(mapped(&quiet).1.unsupported.is_empty());
+    let loud = [
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "statsd"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", "r:1"),
+        ("REDIS_SENTINEL_AUTH", "x"),
+        ("MEMCACHE_HOST_PORT", "m:11211"),
+        ("DEBUG_PORT", "6070"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1h"),
+        ("RUNTIME_IGNOREDOTFILES", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("TRACING_SERVICE_NAME", "rl"),
+        ("NEAR_LIMIT_RATIO", "0.9"),
+        ("REDIS_TLS_CACERT", "/ca.pem"),
+    ];
+    let (args, report) = mapped(&loud);
+    assert_eq!(args.backend, BackendKind::Memory);
+    let mut expected: Vec<_> = loud.iter().map(|(name, _)| *name).collect();
+    expected.sort();
+    assert_eq!(warned(&report), expected);
+    assert!(report.unsupported.iter().all(|u| !u.reason.is_empty()));
+}

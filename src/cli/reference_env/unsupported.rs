@@ -1,0 +1,286 @@
+//! The reference variables floodgate recognises but does not honour, and the values of each
+//! that ask for nothing floodgate lacks (those are not reported): usually the reference's
+//! default, or the value that describes what floodgate always does.
+
+use super::parse_bool;
+
+/// Why `name` set to `value` is not honoured, or None when it is not one of these variables
+/// or its value asks for nothing floodgate lacks.
+pub(super) fn reason(name: &str, value: &str) -> Option<&'static str> {
+    UNSUPPORTED
+        .iter()
+        .find(|rule| rule.matches(name))
+        .filter(|rule| !(rule.quiet)(value))
+        .map(|rule| rule.reason)
+}
+
+/// A reference variable (or a family of them, by prefix) that floodgate does not honour.
+struct Ignored {
+    name: &'static str,
+    prefix: bool,
+    /// Whether a value asks for nothing floodgate lacks (such values are not reported).
+    quiet: fn(&str) -> bool,
+    reason: &'static str,
+}
+
+impl Ignored {
+    fn matches(&self, name: &str) -> bool {
+        if self.prefix {
+            name.starts_with(self.name)
+        } else {
+            name == self.name
+        }
+    }
+}
+
+const fn exact(name: &'static str, quiet: fn(&str) -> bool, reason: &'static str) -> Ignored {
+    Ignored {
+        name,
+        prefix: false,
+        quiet,
+        reason,
+    }
+}
+
+/// Every variable of the family starting with `prefix` is reported whatever its value.
+const fn family(prefix: &'static str, reason: &'static str) -> Ignored {
+    Ignored {
+        name: prefix,
+        prefix: true,
+        quiet: never,
+        reason,
+    }
+}
+
+fn never(_: &str) -> bool {
+    false
+}
+
+fn when_false(value: &str) -> bool {
+    parse_bool(value) == Ok(false)
+}
+
+fn when_true(value: &str) -> bool {
+    parse_bool(value) == Ok(true)
+}
+
+const NO_STATSD: &str = "no StatsD; Prometheus metrics are at /metrics on the admin HTTP port";
+const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
+const NO_GRPC_TLS: &str = "the gRPC listener has no TLS; terminate TLS in the mesh or a sidecar";
+const FILES_ONLY: &str = "rules come from YAML files only (--config); no xDS";
+const NO_PER_SECOND_REDIS: &str = "no separate per-second Redis; every limit uses one backend";
+const LEGACY_HEADER_NAMES: &str =
+    "the legacy headers are always RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset";
+const NO_TRACING: &str = "no OpenTelemetry tracing";
+
+/// The reference variables floodgate recognises but does not honour. First match wins, so
+/// exact names come before a family that would include them.
+const UNSUPPORTED: &[Ignored] = &[
+    exact("PROTO", |v| v == "tcp", "floodgate listens on TCP"),
+    exact(
+        "DEBUG_HOST",
+        never,
+        "no debug listener; /rlconfig and /metrics are on the admin HTTP port",
+    ),
+    exact(
+        "DEBUG_PORT",
+        never,
+        "no debug listener; /rlconfig and /metrics are on the admin HTTP port",
+    ),
+    exact(
+        "GRPC_UDS",
+        never,
+        "gRPC listens on --grpc-addr only, not a Unix socket",
+    ),
+    family(
+        "GRPC_MAX_CONNECTION_AGE",
+        "gRPC connections are not aged out",
+    ),
+    exact("GRPC_SERVER_USE_TLS", when_false, NO_GRPC_TLS),
+    family("GRPC_SERVER_TLS_", NO_GRPC_TLS),
+    family("GRPC_CLIENT_TLS_", NO_GRPC_TLS),
+    exact(
+        "CONFIG_TYPE",
+        |v| v.eq_ignore_ascii_case("FILE"),
+        FILES_ONLY,
+    ),
+    family("CONFIG_GRPC_XDS_", FILES_ONLY),
+    family("XDS_CLIENT_BACKOFF_", FILES_ONLY),
+    exact(
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        when_false,
+        "floodgate starts only with a valid rule directory",
+    ),
+    exact("USE_STATSD", when_false, NO_STATSD),
+    exact("STATSD_HOST", |v| v == "localhost", NO_STATSD),
+    exact("STATSD_PORT", |v| v == "8125", NO_STATSD),
+    exact("GOSTATS_FLUSH_INTERVAL_SECONDS", |v| v == "5", NO_STATSD),
+    exact("STATS_FLUSH_INTERVAL", |v| v == "10s", NO_STATSD),
+    exact("EXTRA_TAGS", never, NO_STATSD),
+    exact("USE_DOG_STATSD", when_false, NO_STATSD),
+    family("USE_DOG_STATSD_", NO_STATSD),
+    exact(
+        "DISABLE_STATS",
+        when_false,
+        "Prometheus metrics are always exported",
+    ),
+    exact("PROMETHEUS_ADDR", never, METRICS_ON_ADMIN),
+    exact("PROMETHEUS_PATH", |v| v == "/metrics", METRICS_ON_ADMIN),
+    exact(
+        "PROMETHEUS_MAPPER_YAML",
+        never,
+        "metric names are fixed (ratelimit_service_rate_limit_*)",
+    ),
+    exact(
+        "RUNTIME_WATCH_ROOT",
+        when_false,
+        "floodgate watches the rule directory itself (and reloads on SIGHUP), not RUNTIME_ROOT",
+    ),
+    exact(
+        "RUNTIME_IGNOREDOTFILES",
+        when_true,
+        "dotfiles in the rule directory are always skipped",
+    ),
+    exact(
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        |v| v == "0" || v == "300",
+        "bucket keys expire when their window ends, without jitter",
+    ),
+    exact(
+        "NEAR_LIMIT_RATIO",
+        |v| v.parse::<f64>() == Ok(0.8),
+        "near_limit counts hits past a fixed 80% of the limit",
+    ),
+    exact(
+        "MERGE_DOMAIN_CONFIG",
+        when_false,
+        "a domain lives in one file; a duplicate domain is a config error",
+    ),
+    exact(
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        when_true,
+        "rejected requests consume nothing unless a rule sets `on_over_limit: consume`",
+    ),
+    exact(
+        "LIMIT_LIMIT_HEADER",
+        |v| v.eq_ignore_ascii_case("RateLimit-Limit"),
+        LEGACY_HEADER_NAMES,
+    ),
+    exact(
+        "LIMIT_REMAINING_HEADER",
+        |v| v.eq_ignore_ascii_case("RateLimit-Remaining"),
+        LEGACY_HEADER_NAMES,
+    ),
+    exact(
+        "LIMIT_RESET_HEADER",
+        |v| v.eq_ignore_ascii_case("RateLimit-Reset"),
+        LEGACY_HEADER_NAMES,
+    ),
+    exact(
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        when_false,
+        "ready once the rule directory loads, even with no domain",
+    ),
+    exact(
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        when_false,
+        "Redis TLS always verifies the server name",
+    ),
+    family(
+        "REDIS_TLS_",
+        "Redis TLS trusts the built-in web PKI roots; no client certificate or custom CA",
+    ),
+    exact(
+        "REDIS_PIPELINE_WINDOW",
+        |v| v == "0" || v == "0s",
+        "the descriptors of one request are always pipelined",
+    ),
+    exact(
+        "REDIS_PIPELINE_LIMIT",
+        |v| v == "0",
+        "the descriptors of one request are always pipelined",
+    ),
+    exact("REDIS_PERSECOND", when_false, NO_PER_SECOND_REDIS),
+    family("REDIS_PERSECOND_", NO_PER_SECOND_REDIS),
+    family("REDIS_SENTINEL", "Redis Sentinel is not supported"),
+    exact(
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        when_true,
+        "readiness always drops while the backend is unreachable",
+    ),
+    family("MEMCACHE_", "no memcache backend"),
+    exact("TRACING_ENABLED", when_false, NO_TRACING),
+    family("TRACING_", NO_TRACING),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference variables with a meaning here, which no rule may swallow.
+    const MAPPED: [&str; 22] = [
+        "HOST",
+        "PORT",
+        "GRPC_HOST",
+        "GRPC_PORT",
+        "LOG_LEVEL",
+        "LOG_FORMAT",
+        "RUNTIME_ROOT",
+        "RUNTIME_SUBDIRECTORY",
+        "RUNTIME_APPDIRECTORY",
+        "BACKEND_TYPE",
+        "REDIS_TYPE",
+        "REDIS_URL",
+        "REDIS_AUTH",
+        "REDIS_TLS",
+        "REDIS_SOCKET_TYPE",
+        "REDIS_POOL_SIZE",
+        "SHADOW_MODE",
+        "LIMIT_RESPONSE_HEADERS_ENABLED",
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "CACHE_KEY_PREFIX",
+        "USE_PROMETHEUS",
+        "RUST_LOG",
+    ];
+
+    #[test]
+    fn no_rule_swallows_a_mapped_variable() {
+        for name in MAPPED {
+            let rule = UNSUPPORTED.iter().find(|rule| rule.matches(name));
+            assert!(rule.is_none(), "{name} matched by {}", rule.unwrap().name);
+        }
+    }
+
+    #[test]
+    fn every_exact_rule_is_reachable() {
+        for rule in UNSUPPORTED.iter().filter(|rule| !rule.prefix) {
+            let first = UNSUPPORTED.iter().find(|other| other.matches(rule.name));
+            assert!(
+                std::ptr::eq(first.unwrap(), rule),
+                "{} is shadowed by {}",
+                rule.name,
+                first.unwrap().name
+            );
+        }
+    }
+
+    #[test]
+    fn quiet_values_are_not_reported_and_others_are() {
+        for (name, quiet, loud) in [
+            ("PROTO", "tcp", "udp"),
+            ("USE_STATSD", "False", "true"),
+            ("RUNTIME_IGNOREDOTFILES", "1", "0"),
+            ("NEAR_LIMIT_RATIO", "0.8", "0.5"),
+            ("REDIS_PIPELINE_WINDOW", "0s", "150us"),
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true", "false"),
+            ("LIMIT_LIMIT_HEADER", "RateLimit-Limit", "X-Limit"),
+            ("USE_STATSD", "false", "maybe"),
+        ] {
+            assert_eq!(reason(name, quiet), None, "{name}={quiet}");
+            assert!(reason(name, loud).is_some(), "{name}={loud}");
+        }
+        assert!(reason("GRPC_MAX_CONNECTION_AGE", "24h").is_some());
+        assert!(reason("MEMCACHE_SRV", "_m._tcp").is_some());
+        assert_eq!(reason("UNRELATED", "x"), None);
+    }
+}

@@ -16,7 +16,7 @@ use floodgate::{config, shutdown, telemetry};
 fn main() -> ExitCode {
     // Matches first: their value sources tell which serve settings were given, so that the
     // reference service's variables fill in only the others.
-    let matches = Cli::command().get_matches();
+    let matches = Cli::command().get_matches_from(cli::with_default_command(std::env::args_os()));
     let command = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli.into_command(),
         Err(error) => error.format(&mut Cli::command()).exit(),

@@ -109,3 +109,14 @@ fn usage_errors_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("DIR"));
 }
+
+#[test]
+fn serve_variables_do_not_affect_check_config() {
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(["check-config", "config"])
+        .env("FLOODGATE_SHADOW_MODE", "1")
+        .env("FLOODGATE_GRPC_ADDR", "not-an-address")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

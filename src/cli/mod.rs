@@ -6,6 +6,7 @@
 //! environment of other tests. Defaults are named constants beside the flags that use them.
 //! `serve` also reads envoyproxy/ratelimit's variables, below its own ([`reference_env`]).
 
+use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,23 +61,44 @@ pub const DEFAULT_HEALTH_GRACE_MS: u64 = 2_000;
 #[command(
     name = "floodgate",
     version = VERSION,
-    about = "Global rate-limit service for Envoy and Istio",
-    args_conflicts_with_subcommands = true
+    about = "Global rate-limit service for Envoy and Istio"
 )]
 pub struct Cli {
-    /// What to run; `serve` when omitted.
+    /// What to run; `serve` when omitted (see [`with_default_command`]).
     #[command(subcommand)]
-    pub command: Option<Command>,
-    /// `serve` flags given without the subcommand name.
-    #[command(flatten)]
-    pub serve: ServeArgs,
+    pub command: Command,
 }
 
 impl Cli {
-    /// The command to run, with `serve` standing in for a missing subcommand.
+    /// The command to run.
     pub fn into_command(self) -> Command {
-        self.command.unwrap_or(Command::Serve(self.serve))
+        self.command
     }
+}
+
+/// Makes `serve` the default: inserts it when the first argument names no subcommand and is
+/// not a top-level flag (`--help`, `--version`). Doing this before parsing, rather than
+/// flattening the serve flags into the top level, keeps `FLOODGATE_*` variables (which only
+/// `serve` reads) from being parsed, and failing, for `check-config`.
+pub fn with_default_command(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    const TOP_LEVEL: &[&str] = &[
+        "serve",
+        "check-config",
+        "help",
+        "-h",
+        "--help",
+        "-V",
+        "--version",
+    ];
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    let names_command = args
+        .get(1)
+        .and_then(|first| first.to_str())
+        .is_some_and(|first| TOP_LEVEL.contains(&first));
+    if !names_command {
+        args.insert(1.min(args.len()), OsString::from("serve"));
+    }
+    args
 }
 
 /// The matches that hold the serve flags: the subcommand's when `serve` was named, else the
@@ -152,8 +174,9 @@ pub struct ServeArgs {
     /// Entries of the local over-limit cache; 0 disables it.
     #[arg(long, env = "FLOODGATE_LOCAL_CACHE_ENTRIES", value_name = "N", default_value_t = DEFAULT_LOCAL_CACHE_ENTRIES)]
     pub local_cache_entries: usize,
-    /// Evaluate every limit but force the overall code to OK.
-    #[arg(long, env = "FLOODGATE_SHADOW_MODE")]
+    /// Evaluate every limit but force the overall code to OK. The variable accepts the usual
+    /// spellings (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`).
+    #[arg(long, env = "FLOODGATE_SHADOW_MODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub shadow_mode: bool,
     /// Log line format; the level comes from `RUST_LOG`.
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -327,7 +350,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Command {
         let argv = std::iter::once("floodgate").chain(args.iter().copied());
-        Cli::try_parse_from(argv)
+        Cli::try_parse_from(with_default_command(argv.map(OsString::from)))
             .unwrap_or_else(|e| panic!("{e}"))
             .into_command()
     }
@@ -353,7 +376,7 @@ mod tests {
         assert_eq!(args.http_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(args.backend, BackendKind::Memory);
         assert_eq!(args.redis_url, ["redis://127.0.0.1:6379".parse().unwrap()]);
-        assert_eq!(args.redis_pool_size, 16);
+        assert_eq!(args.redis_pool_size, 4);
         assert_eq!(args.backend_timeout_ms, 100);
         assert_eq!(args.failure_mode, FailureMode::Error);
         assert_eq!(args.response_headers, ResponseHeaders::Off);
@@ -418,6 +441,7 @@ mod tests {
             &["--config", "x", "check-config", "y"],
         ] {
             let argv = std::iter::once("floodgate").chain(args.iter().copied());
+            let argv = with_default_command(argv.map(OsString::from));
             assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
         }
     }

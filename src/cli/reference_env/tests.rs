@@ -12,6 +12,7 @@ use crate::cli::{Cli, Command, serve_matches};
 /// Parses `argv` as the binary does and applies `vars` as the reference environment.
 fn run(argv: &[&str], vars: &[(&str, &str)]) -> Result<(ServeArgs, Report), ReferenceEnvError> {
     let argv = std::iter::once("floodgate").chain(argv.iter().copied());
+    let argv = crate::cli::with_default_command(argv.map(std::ffi::OsString::from));
     let matches = Cli::command()
         .try_get_matches_from(argv)
         .expect("argv parses");

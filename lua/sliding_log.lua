@@ -148,38 +148,12 @@ local function check()
   return false, 0, wait(n), false
 end
 
-local function reply(allowed, remaining, reset_ms, booked)
-  return {allowed and 1 or 0, remaining, reset_ms, now, booked and 1 or 0}
+-- A cost-1 probe that books nothing: allowed, remaining, reset_ms.
+local function peek()
+  if live < L then
+    return true, L - live, until_newest_leaves()
+  end
+  return false, 0, wait(1)
 end
 
-if n == 0 then
-  if locked > now then
-    return reply(false, 0, locked - now, false)
-  end
-  if live < L then
-    return reply(true, L - live, until_newest_leaves(), false)
-  end
-  return reply(false, 0, wait(1), false)
-end
-if locked > now then
-  local booked = false
-  if consume then
-    local _, _, _, b = check()
-    booked = b
-  end
-  if booked then
-    save()
-  end
-  return reply(false, 0, locked - now, booked)
-end
-local allowed, remaining, reset_ms, booked = check()
-local write = booked
-if not allowed and lockout > 0 then
-  locked = now + lockout
-  reset_ms = lockout
-  write = true
-end
-if write then
-  save()
-end
-return reply(allowed, remaining, reset_ms, booked)
+-- The shared tail (lua/decide.lua) is appended here when the script is loaded.

@@ -131,40 +131,14 @@ local function check(book_on_deny)
   return false, 0, reset, book_on_deny
 end
 
-local function reply(allowed, remaining, reset_ms, booked)
-  return {allowed and 1 or 0, remaining, reset_ms, now, booked and 1 or 0}
-end
-
-if n == 0 then
-  if locked > now then
-    return reply(false, 0, locked - now, false)
-  end
+-- A cost-1 probe that books nothing: allowed, remaining, reset_ms.
+local function peek()
   local remaining = fit(1)
   if remaining then
     -- What is left without booking the probe: one more than after booking it.
-    return reply(true, remaining + 1, W - e, false)
+    return true, remaining + 1, W - e
   end
-  return reply(false, 0, wait(1), false)
+  return false, 0, wait(1)
 end
-if locked > now then
-  local booked = false
-  if consume then
-    local _, _, _, b = check(true)
-    booked = b
-  end
-  if booked then
-    save()
-  end
-  return reply(false, 0, locked - now, booked)
-end
-local allowed, remaining, reset_ms, booked = check(consume)
-local write = booked
-if not allowed and lockout > 0 then
-  locked = now + lockout
-  reset_ms = lockout
-  write = true
-end
-if write then
-  save()
-end
-return reply(allowed, remaining, reset_ms, booked)
+
+-- The shared tail (lua/decide.lua) is appended here when the script is loaded.

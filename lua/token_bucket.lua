@@ -124,38 +124,12 @@ local function check(book_on_deny)
   return false, 0, reset, book_on_deny
 end
 
-local function reply(allowed, remaining, reset_ms, booked)
-  return {allowed and 1 or 0, remaining, reset_ms, now, booked and 1 or 0}
+-- A cost-1 probe that books nothing: allowed, remaining, reset_ms.
+local function peek()
+  if u0 <= C - U then
+    return true, math.floor((C - u0) / U), cdiv(u0, lambda)
+  end
+  return false, 0, cdiv(u0 - (C - U), lambda)
 end
 
-if n == 0 then
-  if locked > now then
-    return reply(false, 0, locked - now, false)
-  end
-  if u0 <= C - U then
-    return reply(true, math.floor((C - u0) / U), cdiv(u0, lambda), false)
-  end
-  return reply(false, 0, cdiv(u0 - (C - U), lambda), false)
-end
-if locked > now then
-  local booked = false
-  if consume then
-    local _, _, _, b = check(true)
-    booked = b
-  end
-  if booked then
-    save()
-  end
-  return reply(false, 0, locked - now, booked)
-end
-local allowed, remaining, reset_ms, booked = check(consume)
-local write = booked
-if not allowed and lockout > 0 then
-  locked = now + lockout
-  reset_ms = lockout
-  write = true
-end
-if write then
-  save()
-end
-return reply(allowed, remaining, reset_ms, booked)
+-- The shared tail (lua/decide.lua) is appended here when the script is loaded.

@@ -12,10 +12,24 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use super::{BackendError, Charge, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
-const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
-const TOKEN_BUCKET: &str = include_str!("../../lua/token_bucket.lua");
-const SLIDING_WINDOW: &str = include_str!("../../lua/sliding_window.lua");
-const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
+// Each algorithm script ends where `lua/decide.lua` begins: the order of `Bucket::decide`
+// (peek, lock, algorithm, lockout), written once for all four.
+const FIXED_WINDOW: &str = concat!(
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/decide.lua")
+);
+const TOKEN_BUCKET: &str = concat!(
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/decide.lua")
+);
+const SLIDING_WINDOW: &str = concat!(
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/decide.lua")
+);
+const SLIDING_LOG: &str = concat!(
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/decide.lua")
+);
 
 const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::FixedWindow,

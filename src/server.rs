@@ -174,7 +174,11 @@ impl Server {
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(RateLimitServiceServer::new(service.clone()))
-            .serve_with_incoming_shutdown(TcpIncoming::from(self.grpc_listener), stopped());
+            .serve_with_incoming_shutdown(
+                // Small unary calls: Nagle's delay would dominate their latency.
+                TcpIncoming::from(self.grpc_listener).with_nodelay(Some(true)),
+                stopped(),
+            );
         let admin = axum::serve(
             self.http_listener,
             admin::router(AdminState {

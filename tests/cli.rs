@@ -120,3 +120,41 @@ fn serve_variables_do_not_affect_check_config() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+#[test]
+fn check_config_prints_errors_that_serde_alone_would_hide() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = "\
+domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, brust: 5}
+  - just_a_string
+  - key: b
+    rate_limit: {unit: fortnight}
+";
+    std::fs::write(dir.path().join("api.yaml"), broken).unwrap();
+    std::fs::write(dir.path().join("zz.yaml"), "domain: api\n").unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
+    let out = floodgate(&["check-config", dir_arg]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let lines: Vec<_> = stderr.lines().collect();
+    let at = |file: &str, line: usize| format!("{}:{line}: ", dir.path().join(file).display());
+    let expected = [
+        (
+            at("api.yaml", 4),
+            "descriptors[0].rate_limit.brust: unknown key",
+        ),
+        (at("api.yaml", 5), "descriptors[1]: invalid type: string"),
+        (
+            at("api.yaml", 7),
+            "descriptors[2].rate_limit.unit: unknown unit",
+        ),
+        (at("zz.yaml", 1), "domain: duplicate domain `api`"),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, (prefix, what)) in lines.iter().zip(&expected) {
+        assert!(line.starts_with(&format!("{prefix}{what}")), "{stderr}");
+    }
+}

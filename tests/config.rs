@@ -266,3 +266,42 @@ fn a_file_that_is_not_utf8_names_its_line() {
     assert_eq!(places(&errors), [("a.yaml".into(), Some(2), String::new())]);
     assert_eq!(errors[0].message, "file is not valid UTF-8");
 }
+
+#[test]
+fn duplicate_domains_are_found_when_the_first_file_does_not_deserialize() {
+    let dir = tempfile::tempdir().unwrap();
+    // An unknown key stops serde in a.yaml; a wrong type and a non-mapping list entry stop
+    // it in c.yaml. Their domains still count, so the later files are told.
+    fs::write(dir.path().join("a.yaml"), "domain: x\nbogus: 1\n").unwrap();
+    fs::write(
+        dir.path().join("b.yaml"),
+        "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join("c.yaml"),
+        "descriptors:\n  - just_a_string\n  - key: [k]\ndomain: y\n",
+    )
+    .unwrap();
+    fs::write(dir.path().join("d.yaml"), "# d\n\ndomain: y\n").unwrap();
+    let errors = errors_of(dir.path());
+    assert_eq!(
+        places(&errors),
+        [
+            ("a.yaml".into(), Some(2), "bogus".into()),
+            ("b.yaml".into(), Some(1), "domain".into()),
+            ("c.yaml".into(), Some(2), "descriptors[0]".into()),
+            ("c.yaml".into(), Some(3), "descriptors[1].key".into()),
+            ("d.yaml".into(), Some(3), "domain".into()),
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors[0].message.contains("unknown key `bogus`"));
+    assert!(
+        errors[1].message.contains("duplicate domain `x`: ")
+            && errors[1].message.ends_with("a.yaml already defines it"),
+        "{}",
+        errors[1]
+    );
+    assert!(errors[4].message.ends_with("c.yaml already defines it"));
+}

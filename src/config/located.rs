@@ -1,19 +1,21 @@
-//! Line numbers for document paths, and the unknown-key sweep.
+//! Lines and text positions for document paths, and the unknown-key sweep.
 //!
 //! serde_yaml reports a location only for the first error that stops deserialization; the
 //! values it produces carry no positions. This module re-reads the same text with
 //! `saphyr-parser`, an event parser with marks, into a skeleton tree that keeps only mapping
-//! keys, sequence items and their lines. `validate` then attaches a line to every error by
-//! its document path, and [`key_problems`] reports every mistyped or repeated key at once.
+//! keys, sequence items, their lines and their character ranges. `validate` then attaches a
+//! line to every error by its document path, [`key_problems`] reports every mistyped or
+//! repeated key at once, and `recover` uses the ranges to blank out what serde cannot read.
 
 use std::fmt;
+use std::ops::Range;
 
 use saphyr_parser::{Event, Parser};
 
 use super::model::Shape;
 
 /// One step of a document path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Segment {
     /// A mapping key.
     Key(String),
@@ -22,7 +24,7 @@ pub enum Segment {
 }
 
 /// A path into the document, displayed like `descriptors[2].rate_limit.unit`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DocPath(Vec<Segment>);
 
 impl DocPath {
@@ -37,6 +39,31 @@ impl DocPath {
     pub fn index(&self, index: usize) -> DocPath {
         let mut segments = self.0.clone();
         segments.push(Segment::Index(index));
+        DocPath(segments)
+    }
+
+    /// Whether `self` is `ancestor` or lies below it.
+    pub fn starts_with(&self, ancestor: &DocPath) -> bool {
+        self.0.starts_with(&ancestor.0)
+    }
+
+    /// Reads back a displayed path, as serde_yaml prints it in front of its errors. A key
+    /// containing `.` or `[` does not round-trip; such a path just resolves less deep.
+    pub fn parse(text: &str) -> DocPath {
+        let mut segments = Vec::new();
+        for part in text.split('.').filter(|part| !part.is_empty()) {
+            let (key, mut indices) = part.split_once('[').unwrap_or((part, ""));
+            if !key.is_empty() {
+                segments.push(Segment::Key(key.to_owned()));
+            }
+            while let Some((index, rest)) = indices.split_once(']') {
+                match index.parse() {
+                    Ok(index) => segments.push(Segment::Index(index)),
+                    Err(_) => return DocPath(segments),
+                }
+                indices = rest.strip_prefix('[').unwrap_or(rest);
+            }
+        }
         DocPath(segments)
     }
 }
@@ -54,10 +81,14 @@ impl fmt::Display for DocPath {
     }
 }
 
-/// A node of the skeleton: its first line and, for collections, its children.
+/// A node of the skeleton: its first line, its characters and, for collections, its
+/// children.
 #[derive(Debug)]
 struct Node {
     line: usize,
+    /// Character range in the text, anchor and tag included. A block collection ends where
+    /// the next token starts, so the range also covers trailing blank lines and comments.
+    chars: Range<usize>,
     kind: Kind,
 }
 
@@ -66,8 +97,29 @@ enum Kind {
     /// A scalar or an alias: nothing below it to locate.
     Leaf,
     Seq(Vec<Node>),
-    /// Entries as (key text, line of the key, value). Non-scalar keys have empty text.
-    Map(Vec<(String, usize, Node)>),
+    Map(Vec<Entry>),
+}
+
+/// One `key: value` of a mapping.
+#[derive(Debug)]
+struct Entry {
+    /// Key text; empty for a non-scalar key.
+    key: String,
+    /// Line of the key.
+    line: usize,
+    /// Character range of the key.
+    key_chars: Range<usize>,
+    value: Node,
+}
+
+/// Where a value sits in the text: what `recover` replaces to make serde skip it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// The value of a mapping entry: the characters from the end of its key (so the `:`
+    /// and any anchor or tag are included) to the end of the value.
+    Value(Range<usize>),
+    /// A sequence item.
+    Item(Range<usize>),
 }
 
 /// The skeleton of the first document of a YAML text.
@@ -95,8 +147,8 @@ impl Located {
             let next = match (segment, &node.kind) {
                 (Segment::Key(key), Kind::Map(entries)) => entries
                     .iter()
-                    .find(|(k, _, _)| k == key)
-                    .map(|(_, key_line, value)| (*key_line, value)),
+                    .find(|entry| entry.key == *key)
+                    .map(|entry| (entry.line, &entry.value)),
                 (Segment::Index(index), Kind::Seq(items)) => {
                     items.get(*index).map(|item| (item.line, item))
                 }
@@ -110,6 +162,34 @@ impl Located {
         }
         Some(line)
     }
+
+    /// The deepest existing prefix of `path` below the root, with its slot; `None` when
+    /// not even the first segment exists. A path through an alias stops at the alias.
+    pub fn slot(&self, path: &DocPath) -> Option<(DocPath, Slot)> {
+        let mut node = self.root.as_ref()?;
+        let mut found = None;
+        for (depth, segment) in path.0.iter().enumerate() {
+            let (slot, next) = match (segment, &node.kind) {
+                (Segment::Key(key), Kind::Map(entries)) => {
+                    let Some(entry) = entries.iter().find(|entry| entry.key == *key) else {
+                        break;
+                    };
+                    let range = entry.key_chars.end..entry.value.chars.end;
+                    (Slot::Value(range), &entry.value)
+                }
+                (Segment::Index(index), Kind::Seq(items)) => {
+                    let Some(item) = items.get(*index) else {
+                        break;
+                    };
+                    (Slot::Item(item.chars.clone()), item)
+                }
+                _ => break,
+            };
+            found = Some((DocPath(path.0[..=depth].to_vec()), slot));
+            node = next;
+        }
+        found
+    }
 }
 
 /// A key that no raw struct accepts (with a hint when it looks like a typo), or a key
@@ -122,6 +202,13 @@ pub struct KeyProblem {
     pub line: usize,
     /// Human-readable explanation.
     pub message: String,
+    /// The value this key leaves unknown: the key's own when repeated (which occurrence is
+    /// meant?); the field a misspelt key most likely means, when its mapping lacks that
+    /// field (`uint: second` is probably the `unit`); the whole mapping for a merge key
+    /// (`<<`), whose merged fields are not read.
+    pub lost: Option<DocPath>,
+    /// The whole entry, key to end of value.
+    pub chars: Range<usize>,
 }
 
 /// Every key of the document that the raw model would reject, in document order.
@@ -142,39 +229,50 @@ fn sweep(node: &Node, shape: Shape, path: &DocPath, found: &mut Vec<KeyProblem>)
         return;
     };
     let fields = shape.fields();
-    for (index, (key, line, value)) in entries.iter().enumerate() {
+    for (index, entry) in entries.iter().enumerate() {
+        let key = entry.key.as_str();
         let key_path = path.key(key);
-        if !fields.contains(&key.as_str()) {
-            found.push(KeyProblem {
-                message: unknown_key_message(key, fields),
-                path: key_path,
-                line: *line,
-            });
+        let problem = |message, lost| KeyProblem {
+            path: key_path.clone(),
+            line: entry.line,
+            message,
+            lost,
+            chars: entry.key_chars.start..entry.value.chars.end,
+        };
+        if !fields.contains(&key) {
+            let close = fields
+                .iter()
+                .find(|field| edit_distance(key, field) <= 2)
+                .copied();
+            let present = |field: &&str| entries.iter().any(|entry| entry.key == *field);
+            let lost = match close {
+                _ if key == "<<" => Some(path.clone()),
+                Some(field) if !present(&field) => Some(path.key(field)),
+                _ => None,
+            };
+            found.push(problem(unknown_key_message(key, close, fields), lost));
             continue;
         }
-        if let Some((_, first_line, _)) = entries[..index].iter().find(|(k, _, _)| k == key) {
-            found.push(KeyProblem {
-                message: format!("duplicate key `{key}` (first on line {first_line})"),
-                path: key_path,
-                line: *line,
-            });
+        if let Some(first) = entries[..index].iter().find(|first| first.key == key) {
+            let message = format!("duplicate key `{key}` (first on line {})", first.line);
+            found.push(problem(message, Some(key_path.clone())));
             continue;
         }
-        match (shape.child(key), &value.kind) {
+        match (shape.child(key), &entry.value.kind) {
             (Some((child, true)), Kind::Seq(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     sweep(item, child, &key_path.index(i), found);
                 }
             }
-            (Some((child, false)), _) => sweep(value, child, &key_path, found),
+            (Some((child, false)), _) => sweep(&entry.value, child, &key_path, found),
             _ => {}
         }
     }
 }
 
-fn unknown_key_message(key: &str, fields: &[&str]) -> String {
+fn unknown_key_message(key: &str, close: Option<&str>, fields: &[&str]) -> String {
     let expected = fields.join(", ");
-    match fields.iter().find(|field| edit_distance(key, field) <= 2) {
+    match close {
         Some(close) => {
             format!("unknown key `{key}` (did you mean `{close}`?); expected one of: {expected}")
         }
@@ -202,12 +300,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
 enum Open {
     Seq {
         line: usize,
+        start: usize,
         items: Vec<Node>,
     },
     Map {
         line: usize,
-        entries: Vec<(String, usize, Node)>,
-        pending: Option<(String, usize)>,
+        start: usize,
+        entries: Vec<Entry>,
+        pending: Option<(String, usize, Range<usize>)>,
     },
 }
 
@@ -223,8 +323,10 @@ fn build(yaml: &str) -> Result<Option<Node>, saphyr_parser::ScanError> {
             return Ok(None);
         }
         let line = span.start.line();
+        let (start, end) = (span.start.index(), span.end.index());
         let leaf = Node {
             line,
+            chars: start..end,
             kind: Kind::Leaf,
         };
         let (done, key_text) = match event {
@@ -232,29 +334,37 @@ fn build(yaml: &str) -> Result<Option<Node>, saphyr_parser::ScanError> {
             Event::Alias(_) => (leaf, String::new()),
             Event::SequenceStart(..) => {
                 let items = Vec::new();
-                stack.push(Open::Seq { line, items });
+                stack.push(Open::Seq { line, start, items });
                 continue;
             }
             Event::MappingStart(..) => {
                 let (entries, pending) = (Vec::new(), None);
                 stack.push(Open::Map {
                     line,
+                    start,
                     entries,
                     pending,
                 });
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
-                Some(Open::Seq { line, items }) => (
+                Some(Open::Seq { line, start, items }) => (
                     Node {
                         line,
+                        chars: start..end,
                         kind: Kind::Seq(items),
                     },
                     String::new(),
                 ),
-                Some(Open::Map { line, entries, .. }) => (
+                Some(Open::Map {
+                    line,
+                    start,
+                    entries,
+                    ..
+                }) => (
                     Node {
                         line,
+                        chars: start..end,
                         kind: Kind::Map(entries),
                     },
                     String::new(),
@@ -271,8 +381,13 @@ fn build(yaml: &str) -> Result<Option<Node>, saphyr_parser::ScanError> {
             Some(Open::Map {
                 entries, pending, ..
             }) => match pending.take() {
-                None => *pending = Some((key_text, done.line)),
-                Some((key, key_line)) => entries.push((key, key_line, done)),
+                None => *pending = Some((key_text, done.line, done.chars)),
+                Some((key, line, key_chars)) => entries.push(Entry {
+                    key,
+                    line,
+                    key_chars,
+                    value: done,
+                }),
             },
         }
     }
@@ -361,6 +476,86 @@ descriptors:
             ("descriptors[0].key".into(), 5)
         );
         assert_eq!(found[0].message, "duplicate key `key` (first on line 3)");
+    }
+
+    #[test]
+    fn paths_read_back_as_serde_yaml_prints_them() {
+        for text in [
+            "domain",
+            "descriptors[2].rate_limit.unit",
+            "descriptors[0].descriptors[11]",
+            "descriptors[1].rate_limit.replaces[0].name",
+        ] {
+            assert_eq!(DocPath::parse(text).to_string(), text);
+        }
+        assert_eq!(DocPath::parse(""), DocPath::default());
+        assert_eq!(DocPath::parse(".").to_string(), "");
+        // A path serde cannot name past some point stops there.
+        assert_eq!(
+            DocPath::parse("descriptors[x].key").to_string(),
+            "descriptors"
+        );
+        let p = DocPath::parse("descriptors[0].key");
+        let parent = DocPath::parse("descriptors[0]");
+        assert!(p.starts_with(&parent) && p.starts_with(&p));
+        assert!(!parent.starts_with(&p) && !p.starts_with(&DocPath::parse("descriptors[1]")));
+    }
+
+    #[test]
+    fn slots_cover_values_from_their_key_and_whole_items() {
+        let doc = Located::parse(DOC);
+        let chars: Vec<char> = DOC.chars().collect();
+        let text = |range: &Range<usize>| chars[range.clone()].iter().collect::<String>();
+        let d = DocPath::default().key("descriptors");
+        let (path, slot) = doc.slot(&d.index(1).key("descriptors").index(0)).unwrap();
+        assert_eq!(path.to_string(), "descriptors[1].descriptors[0]");
+        let Slot::Item(item) = slot else {
+            panic!("{slot:?}")
+        };
+        assert_eq!(text(&item), "{key: c, valeu: x}");
+        // A block value runs to the next token, trailing line break included.
+        let (_, slot) = doc.slot(&d.index(0).key("rate_limit")).unwrap();
+        let Slot::Value(value) = slot else {
+            panic!("{slot:?}")
+        };
+        assert_eq!(text(&value), ":\n      unit: second\n  ");
+        // Past the document: the deepest existing prefix; nothing for the root.
+        let (path, _) = doc
+            .slot(&d.index(0).key("rate_limit").key("burst"))
+            .unwrap();
+        assert_eq!(path.to_string(), "descriptors[0].rate_limit");
+        assert_eq!(doc.slot(&DocPath::default().key("nope")), None);
+        assert_eq!(doc.slot(&DocPath::default()), None);
+    }
+
+    #[test]
+    fn problems_name_the_field_whose_value_they_leave_unknown() {
+        let yaml = "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {uint: second, burst: 1, brust: 2, zzz: 3, burst: 4}\n";
+        let found = key_problems(&Located::parse(yaml));
+        let lost: Vec<_> = found
+            .iter()
+            .map(|p| (p.path.to_string(), p.lost.as_ref().map(DocPath::to_string)))
+            .collect();
+        let rl = "descriptors[0].rate_limit";
+        let at = |key: &str| format!("{rl}.{key}");
+        assert_eq!(
+            lost,
+            [
+                (at("uint"), Some(at("unit"))),
+                (at("brust"), None),
+                (at("zzz"), None),
+                (at("burst"), Some(at("burst"))),
+            ]
+        );
+        let chars: Vec<char> = yaml.chars().collect();
+        let entry: String = chars[found[0].chars.clone()].iter().collect();
+        assert_eq!(entry, "uint: second");
+
+        let merged = "domain: x\ndescriptors:\n  - <<: {key: a}\n    value: b\n";
+        let found = key_problems(&Located::parse(merged));
+        assert_eq!(found.len(), 1, "{found:?}");
+        let lost = found[0].lost.as_ref().map(DocPath::to_string);
+        assert_eq!(lost.as_deref(), Some("descriptors[0]"));
     }
 
     #[test]

@@ -6,7 +6,12 @@
 //! 2. [`parse_domain`] parses one YAML text with serde_yaml into the raw model (`model`),
 //!    which denies unknown keys. `located` re-reads the text with an event parser to find
 //!    lines, and sweeps for every unknown or repeated key, since serde stops at the first.
-//! 3. `validate` turns the raw model into [`DomainRules`], collecting every error.
+//! 3. `recover` reads the raw model past those keys and past every wrong-typed value,
+//!    reporting each, so one bad key or value never hides the rest of the file's errors.
+//! 4. `validate` turns the raw model into [`DomainRules`], collecting every error, and
+//!    skips only the checks that depend on a value step 3 could not read.
+//!
+//! A file's errors are merged from steps 2 to 4, without duplicates, in line order.
 //!
 //! serde_yaml (deprecated upstream) is used nowhere else, so replacing it touches only this
 //! module.
@@ -18,10 +23,13 @@
 //!   is 0, both as in the reference.
 //! - Duplicates compare the reference's composite key `key_value`, so `key: a_b` and
 //!   `key: a, value: b` at one level clash, as they do there (they would share a rule path).
-//! - Every unknown or repeated key is reported. Such a key, or a wrong type, stops serde,
-//!   so that file's rule checks wait until it is fixed; other files are checked in full.
+//! - Every unknown or repeated key and every wrong-typed value is reported, and the rest of
+//!   the file is still validated. Checks that need a lost value are skipped, not run on its
+//!   default; a misspelt key whose field is absent (`uint:` without `unit:`) counts as that
+//!   field, so it is not also reported missing. A repeated key's value counts as lost.
 //! - A domain defined twice is kept from the first file in path order; each later file
-//!   gets the error, naming the first.
+//!   gets the error, naming the first. A file's `domain` counts whenever it can be read,
+//!   however broken the rest of that file is.
 //! - Extensions are matched case-insensitively (`.YAML` loads); a directory named
 //!   `x.yaml` is skipped; a dangling `x.yaml` link is an error, never a silent skip.
 //! - Not supported: merge keys (`<<`, reported as an unknown key) and files with more than
@@ -29,21 +37,21 @@
 
 mod located;
 mod model;
+mod recover;
 mod validate;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::matcher::DomainRules;
 use located::{DocPath, Located};
-use model::RawDomain;
 
 pub use validate::SLIDING_LOG_MAX_REQUESTS;
 
 /// One problem in the configuration, located as precisely as known.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 pub struct ConfigError {
     /// The file (or directory) at fault, as given to the loader.
     pub file: String,
@@ -178,7 +186,7 @@ pub fn parse_domain(file: &str, yaml: &str) -> Result<DomainRules, Vec<ConfigErr
     parse(file, yaml).rules
 }
 
-/// One file's outcome, with its domain name and line whenever serde could read them, so
+/// One file's outcome, with its domain name and line whenever they can be read, so
 /// duplicate domains are found even among invalid files.
 struct Parsed {
     domain: Option<(String, Option<usize>)>,
@@ -187,55 +195,55 @@ struct Parsed {
 
 fn parse(file: &str, yaml: &str) -> Parsed {
     let located = Located::parse(yaml);
-    let mut errors: Vec<ConfigError> = located::key_problems(&located)
-        .into_iter()
+    let domain =
+        domain_name(yaml).map(|name| (name, located.line(&DocPath::default().key("domain"))));
+    let problems = located::key_problems(&located);
+    let mut errors: Vec<ConfigError> = problems
+        .iter()
         .map(|problem| ConfigError {
             file: file.to_owned(),
             line: Some(problem.line),
             path: problem.path.to_string(),
-            message: problem.message,
+            message: problem.message.clone(),
         })
         .collect();
-    let mut domain = None;
-    match serde_yaml::from_str::<Option<RawDomain>>(yaml) {
-        Ok(Some(raw)) => {
-            domain = raw
-                .domain
-                .clone()
-                .filter(|name| !name.trim().is_empty())
-                .map(|name| (name, located.line(&DocPath::default().key("domain"))));
-            match validate::domain(file, raw, &located) {
-                Ok(rules) if errors.is_empty() => {
-                    return Parsed {
-                        domain,
-                        rules: Ok(rules),
-                    };
-                }
-                Ok(_) => {}
-                Err(mut invalid) => errors.append(&mut invalid),
+    let read = recover::read(file, yaml, &located, &problems);
+    errors.extend(read.errors);
+    match read.raw {
+        Some(Some(raw)) => match validate::domain(file, raw, &located, &read.unreadable) {
+            Ok(rules) if errors.is_empty() => {
+                return Parsed {
+                    domain,
+                    rules: Ok(rules),
+                };
             }
-        }
-        Ok(None) => errors.push(whole_file(
+            Ok(_) => {}
+            Err(mut invalid) => errors.append(&mut invalid),
+        },
+        Some(None) => errors.push(whole_file(
             file,
             "file is empty; expected a mapping with `domain`".to_owned(),
         )),
-        Err(err) => {
-            let err = from_serde(file, &err);
-            // serde stopped at one of the keys the sweep already reported, all of them and
-            // with better lines; any other kind of error is new.
-            let key_error = ["unknown field", "duplicate field"]
-                .iter()
-                .any(|kind| err.message.starts_with(kind));
-            if !key_error || errors.is_empty() {
-                errors.push(err);
-            }
-        }
+        None => {}
     }
+    let mut seen = HashSet::new();
+    errors.retain(|error| seen.insert(error.clone()));
     errors.sort_by_key(|error| error.line.unwrap_or(usize::MAX));
     Parsed {
         domain,
         rules: Err(errors),
     }
+}
+
+/// The top-level `domain` of a file, when it is a non-empty string given once: read on its
+/// own, so no other key or value of the file can hide it.
+fn domain_name(yaml: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct DomainOnly {
+        domain: Option<String>,
+    }
+    let only = serde_yaml::from_str::<DomainOnly>(yaml).ok()?;
+    only.domain.filter(|name| !name.trim().is_empty())
 }
 
 fn whole_file(file: &str, message: String) -> ConfigError {
@@ -320,4 +328,51 @@ fn list_files(dir: &Path) -> (Vec<PathBuf>, Vec<ConfigError>) {
     }
     files.sort();
     (files, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_domain_is_read_however_broken_the_rest_is() {
+        for yaml in [
+            "domain: x\n",
+            "domain: x\nbogus: 1\n",
+            "domain: x\ndescriptors: 5\n",
+            "domain: x\ndescriptors: [just_a_string, {key: [a]}]\n",
+            "descriptors:\n  - key: a\n    rate_limit: {unit: parsec}\ndomain: x\n",
+        ] {
+            let parsed = parse("t.yaml", yaml);
+            assert!(parsed.rules.is_ok() == (yaml == "domain: x\n"), "{yaml}");
+            let line = yaml.lines().position(|l| l.starts_with("domain")).unwrap() + 1;
+            assert_eq!(parsed.domain, Some(("x".to_owned(), Some(line))), "{yaml}");
+        }
+        // Unreadable, empty or ambiguous: no domain to register.
+        for yaml in [
+            "domain: [x]\n",
+            "domain: \"\"\n",
+            "domain: x\ndomain: y\n",
+            "- domain: x\n",
+            "domain: x\ndescriptors: [\n",
+        ] {
+            assert_eq!(parse("t.yaml", yaml).domain, None, "{yaml}");
+        }
+    }
+
+    #[test]
+    fn errors_of_a_file_are_merged_in_line_order() {
+        let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: parsec, requests_per_unit: ten, zzz: 1}\n  - 5\n";
+        let errors = parse_domain("t.yaml", yaml).unwrap_err();
+        let found: Vec<_> = errors.iter().map(|e| (e.line, e.path.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (Some(4), "descriptors[0].rate_limit.zzz"),
+                (Some(4), "descriptors[0].rate_limit.requests_per_unit"),
+                (Some(4), "descriptors[0].rate_limit.unit"),
+                (Some(5), "descriptors[1]"),
+            ]
+        );
+    }
 }

@@ -4,6 +4,11 @@
 //! rules, `replaces` rules) and add floodgate's: extensions must make sense for the algorithm,
 //! and every policy must stay exact in the Lua scripts. Validation never stops at the first
 //! problem: an operator fixing a file sees all of them at once.
+//!
+//! A file may arrive partly read (see `recover`): values lost to an unknown key or a wrong
+//! type are [`Unreadable`]. Errors at or below such a path are dropped (they would repeat
+//! the reported one), and checks that depend on a lost value are skipped rather than run
+//! on its default: the rule they would judge is not the one the operator wrote.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,6 +17,7 @@ use std::time::Duration;
 use super::ConfigError;
 use super::located::{DocPath, Located};
 use super::model::{RawDescriptor, RawDomain, RawRateLimit};
+use super::recover::Unreadable;
 use crate::matcher::{DescriptorRule, DomainRules};
 use crate::rules::{Algorithm, Limit, MAX_EXACT_INTEGER, OnOverLimit, Policy, Rule, Unit};
 
@@ -23,7 +29,8 @@ const UNITS: &str = "second, minute, hour, day, week, month, year";
 const ALGORITHMS: &str =
     "fixed_window, token_bucket, gcra, leaky_bucket, sliding_window, sliding_log";
 
-/// Validates one parsed file. `located` supplies the line of each error's path.
+/// Validates one parsed file. `located` supplies the line of each error's path;
+/// `unreadable` names the values serde could not read (already reported).
 ///
 /// # Errors
 /// Every problem found in the file, in document order.
@@ -31,10 +38,12 @@ pub fn domain(
     file: &str,
     raw: RawDomain,
     located: &Located,
+    unreadable: &Unreadable,
 ) -> Result<DomainRules, Vec<ConfigError>> {
     let mut v = Validator {
         file,
         located,
+        unreadable,
         domain: String::new(),
         errors: Vec::new(),
     };
@@ -67,12 +76,16 @@ pub fn domain(
 struct Validator<'a> {
     file: &'a str,
     located: &'a Located,
+    unreadable: &'a Unreadable,
     domain: String,
     errors: Vec<ConfigError>,
 }
 
 impl Validator<'_> {
     fn error(&mut self, path: &DocPath, message: impl Into<String>) {
+        if self.unreadable.covers(path) {
+            return;
+        }
         self.errors.push(ConfigError {
             file: self.file.to_owned(),
             line: self.located.line(path),
@@ -93,9 +106,14 @@ impl Validator<'_> {
         let mut level = Vec::with_capacity(raws.len());
         for (index, raw) in raws.into_iter().enumerate() {
             let here = path.index(index);
+            // A key or value that could not be read leaves the composite key unknown.
+            let unknown = self.unreadable.contains(&here.key("key"))
+                || self.unreadable.contains(&here.key("value"));
             let key = match raw.key.as_deref() {
                 None => {
-                    self.error(&here, "descriptor has no `key`");
+                    if !self.unreadable.contains(&here.key("key")) {
+                        self.error(&here, "descriptor has no `key`");
+                    }
                     ""
                 }
                 Some("") => {
@@ -110,7 +128,7 @@ impl Validator<'_> {
                 Some(value) => format!("{key}_{value}"),
                 None => key.to_owned(),
             };
-            if !key.is_empty() {
+            if !key.is_empty() && !unknown {
                 if let Some(&first) = seen.get(&composite) {
                     let first_path = path.index(first);
                     let at = match self.located.line(&first_path) {
@@ -143,7 +161,8 @@ impl Validator<'_> {
     ) -> DescriptorRule {
         let value = raw.value.filter(|value| !value.is_empty());
         let wildcard = value.as_deref().is_some_and(|value| value.contains('*'));
-        if raw.share_threshold && !wildcard {
+        let value_known = !self.unreadable.contains(&path.key("value"));
+        if raw.share_threshold && !wildcard && value_known {
             self.error(
                 &path.key("share_threshold"),
                 "`share_threshold` needs a wildcard `value` (one containing `*`): it makes every \
@@ -155,7 +174,11 @@ impl Validator<'_> {
             let rl_path = path.key("rate_limit");
             let limit = self.limit(&rate_limit, &rl_path);
             let name = rate_limit.name.clone().filter(|name| !name.is_empty());
-            let replaces = self.replaces(&rate_limit, name.as_deref(), &rl_path);
+            // A repeated `name` is not known to be the one a `replaces` entry repeats.
+            let own_name = name
+                .as_deref()
+                .filter(|_| !self.unreadable.contains(&rl_path.key("name")));
+            let replaces = self.replaces(&rate_limit, own_name, &rl_path);
             rule = limit.map(|limit| {
                 Arc::new(Rule {
                     domain: self.domain.clone(),
@@ -213,6 +236,16 @@ impl Validator<'_> {
     /// The limit of one `rate_limit`, or `None` after recording why it is invalid.
     fn limit(&mut self, rl: &RawRateLimit, path: &DocPath) -> Option<Limit> {
         let before = self.errors.len();
+        let unreadable = self.unreadable;
+        let lost = |field: &str| unreadable.contains(&path.key(field));
+        if lost("unlimited") {
+            // Limited or not: no check applies to both.
+            return None;
+        }
+        // The checks of the whole policy below would judge lost values by their defaults.
+        let policy_lost = ["unit", "requests_per_unit", "burst", "unit_multiplier"]
+            .into_iter()
+            .any(lost);
         if rl.unlimited {
             if rl.unit.is_some() {
                 self.error(
@@ -255,6 +288,8 @@ impl Validator<'_> {
             }),
         };
         let algorithm = match rl.algorithm.as_deref() {
+            // Unknown, not the default: a `burst` is not misplaced on a lost algorithm.
+            _ if lost("algorithm") => None,
             None => Some(Algorithm::FixedWindow),
             Some(name) => Algorithm::parse(name).or_else(|| {
                 let message = format!("unknown algorithm `{name}`; expected one of: {ALGORITHMS}");
@@ -340,6 +375,9 @@ impl Validator<'_> {
         let (Some(unit), Some(algorithm)) = (unit, algorithm) else {
             return None;
         };
+        if policy_lost {
+            return None;
+        }
         // Checked here because `Policy::window_ms` would overflow u64 for huge multipliers.
         let window_fits = unit
             .millis()
@@ -796,6 +834,316 @@ descriptors:
                     "descriptors[2].descriptors[0].rate_limit.burst".to_owned()
                 ),
             ]
+        );
+    }
+
+    /// Asserts that `yaml` fails with exactly the `expected` errors: (line, path, part of
+    /// the message), in order.
+    fn rejects_all(yaml: &str, expected: &[(usize, &str, &str)]) {
+        let errors = errors(yaml);
+        let found: Vec<_> = errors.iter().map(|e| (e.line, e.path.as_str())).collect();
+        let wanted: Vec<_> = expected
+            .iter()
+            .map(|(line, path, _)| (Some(*line), *path))
+            .collect();
+        assert_eq!(found, wanted, "{errors:#?}");
+        for (error, (_, _, needle)) in errors.iter().zip(expected) {
+            assert!(error.message.contains(needle), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_typo_does_not_hide_the_other_errors_of_its_file() {
+        let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    descriptors:
+      - key: b
+        value: x
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: b
+        value: x
+  - key: d
+    rate_limit:
+      unit: second
+      burst: 10
+  - key: e
+    rate_limit: {unit: minute, brust: 5}
+";
+        rejects_all(
+            yaml,
+            &[
+                (
+                    10,
+                    "descriptors[0].descriptors[2]",
+                    "duplicate descriptor `b_x`: descriptors[0].descriptors[0] (line 5)",
+                ),
+                (
+                    15,
+                    "descriptors[1].rate_limit.burst",
+                    "only applies to algorithm token_bucket",
+                ),
+                (
+                    17,
+                    "descriptors[2].rate_limit.brust",
+                    "unknown key `brust` (did you mean `burst`?)",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn list_entries_that_are_not_mappings_hide_nothing() {
+        let yaml = "\
+domain: d
+descriptors:
+  - just_a_string
+  - key: a
+    rate_limit: {unit: fortnight}
+  - key: a
+  - 42
+  - key: b
+    value: exact
+    share_threshold: true
+    descriptors: [[nested], {key: c, rate_limit: {unit: second}, bogus: 1}]
+";
+        // Each bad entry keeps its index, so later paths and lines stay right; none is
+        // also reported as a descriptor without `key`.
+        rejects_all(
+            yaml,
+            &[
+                (
+                    3,
+                    "descriptors[0]",
+                    "invalid type: string \"just_a_string\", expected a descriptor mapping",
+                ),
+                (
+                    5,
+                    "descriptors[1].rate_limit.unit",
+                    "unknown unit `fortnight`",
+                ),
+                (
+                    6,
+                    "descriptors[2]",
+                    "duplicate descriptor `a`: descriptors[1] (line 4)",
+                ),
+                (7, "descriptors[3]", "invalid type: integer `42`"),
+                (10, "descriptors[4].share_threshold", "wildcard"),
+                (
+                    11,
+                    "descriptors[4].descriptors[1].bogus",
+                    "unknown key `bogus`",
+                ),
+                (
+                    11,
+                    "descriptors[4].descriptors[0]",
+                    "invalid type: sequence",
+                ),
+            ],
+        );
+        // The same for `replaces` entries, which are `{name: ...}` mappings.
+        let yaml = limited(
+            "      unit: second\n      name: mine\n      replaces: [other, {name: mine}]\n      name: yours\n",
+        );
+        rejects_all(
+            &yaml,
+            &[
+                (
+                    7,
+                    "descriptors[0].rate_limit.replaces[0]",
+                    "invalid type: string \"other\", expected a replaces entry",
+                ),
+                (8, "descriptors[0].rate_limit.name", "duplicate key `name`"),
+            ],
+        );
+    }
+
+    #[test]
+    fn every_wrong_type_is_reported_and_its_siblings_still_validated() {
+        let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit:
+      unit: second
+      algorithm: [token_bucket]
+      burst: 5
+  - key: b
+    rate_limit: {unit: parsec, requests_per_unit: ten}
+  - key: [c]
+  - key: d
+    value: {x: 1}
+    share_threshold: true
+  - key: d
+    value: {y: 2}
+  - key: e
+    rate_limit: {unit: second, requests_per_unit: 1}
+    shadow_mode: maybe
+    descriptors: [{key: f, rate_limit: {unit: eon}}]
+";
+        // A lost value is unknown, not its default: the `burst` is not judged against
+        // fixed_window, `key: [c]` is not a missing key, the two `d` descriptors with
+        // unreadable values are not duplicates, and `share_threshold` is not judged
+        // against a value that could not be read.
+        rejects_all(
+            yaml,
+            &[
+                (
+                    6,
+                    "descriptors[0].rate_limit.algorithm",
+                    "invalid type: sequence",
+                ),
+                (
+                    9,
+                    "descriptors[1].rate_limit.requests_per_unit",
+                    "invalid type: string \"ten\"",
+                ),
+                (9, "descriptors[1].rate_limit.unit", "unknown unit `parsec`"),
+                (10, "descriptors[2].key", "invalid type: sequence"),
+                (12, "descriptors[3].value", "invalid type: map"),
+                (15, "descriptors[4].value", "invalid type: map"),
+                (18, "descriptors[5].shadow_mode", "expected a boolean"),
+                (
+                    19,
+                    "descriptors[5].descriptors[0].rate_limit.unit",
+                    "unknown unit `eon`",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_misspelt_key_stands_for_its_field_only_when_that_field_is_absent() {
+        // `uint` is the only unit: the rule is not also "missing `unit`" (see
+        // `unknown_keys_are_all_reported_with_hints`). Here `burst` is there as well, so it
+        // is judged as written.
+        let yaml = limited("      unit: second\n      burst: 10\n      brust: 5\n");
+        rejects_all(
+            &yaml,
+            &[
+                (
+                    6,
+                    "descriptors[0].rate_limit.burst",
+                    "only applies to algorithm token_bucket",
+                ),
+                (
+                    7,
+                    "descriptors[0].rate_limit.brust",
+                    "did you mean `burst`?",
+                ),
+            ],
+        );
+        // A misspelt `algorithm` leaves the algorithm unknown: `burst` may well be right.
+        let yaml = limited("      unit: second\n      algoritm: token_bucket\n      burst: 10\n");
+        rejects_all(
+            &yaml,
+            &[(
+                6,
+                "descriptors[0].rate_limit.algoritm",
+                "did you mean `algorithm`?",
+            )],
+        );
+    }
+
+    #[test]
+    fn a_merge_key_leaves_its_mapping_unknown() {
+        // Merge keys are not supported; the descriptor they would complete is not also
+        // missing its `key`, and the rest of the file is still checked.
+        let yaml = "\
+domain: d
+descriptors:
+  - <<: {key: a}
+    value: b
+  - key: c
+    rate_limit: {unit: parsec}
+";
+        rejects_all(
+            yaml,
+            &[
+                (3, "descriptors[0].<<", "unknown key `<<`"),
+                (6, "descriptors[1].rate_limit.unit", "unknown unit `parsec`"),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_repeated_key_leaves_its_value_unknown() {
+        let yaml = limited(
+            "      unit: second\n      algorithm: token_bucket\n      burst: 5\n      algorithm: fixed_window\n",
+        );
+        rejects_all(
+            &yaml,
+            &[(
+                8,
+                "descriptors[0].rate_limit.algorithm",
+                "duplicate key `algorithm` (first on line 6)",
+            )],
+        );
+    }
+
+    #[test]
+    fn values_keep_their_text_while_other_errors_are_reported() {
+        // Read from the text, `1.10` and `1.1` differ; a YAML value tree would make both
+        // the float 1.1 and report a duplicate that is not there.
+        let yaml = "\
+domain: d
+descriptors:
+  - key: version
+    value: 1.10
+  - key: version
+    value: 1.1
+    typo: true
+";
+        rejects_all(yaml, &[(7, "descriptors[1].typo", "unknown key `typo`")]);
+    }
+
+    #[test]
+    fn a_wrong_value_behind_an_alias_is_repaired_where_it_is_written() {
+        let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &shared {unit: second, requests_per_unit: lots}
+  - key: b
+    rate_limit: *shared
+  - key: c
+    rate_limit: {unit: parsec}
+";
+        rejects_all(
+            yaml,
+            &[
+                (
+                    4,
+                    "descriptors[0].rate_limit.requests_per_unit",
+                    "invalid type: string \"lots\"",
+                ),
+                (8, "descriptors[2].rate_limit.unit", "unknown unit `parsec`"),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_blanked_stops_the_checks_but_is_reported_once() {
+        // A block scalar as a list entry: replacing its text still leaves a string. The
+        // file fails with that error alone; its other checks wait for the fix.
+        let yaml = "\
+domain: d
+descriptors:
+  - |
+    text
+  - key: a
+    rate_limit: {unit: parsec}
+";
+        let errors = errors(yaml);
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert_eq!(errors[0].path, "descriptors[0]");
+        assert!(
+            errors[0].message.contains("invalid type: string"),
+            "{}",
+            errors[0]
         );
     }
 

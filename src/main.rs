@@ -6,6 +6,11 @@
 
 use std::process::ExitCode;
 
+/// mimalloc: the gRPC path allocates many small, short-lived buffers per call, where it is
+/// measurably faster than the system allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{CommandFactory, FromArgMatches};
 use floodgate::cli::reference_env::{self, ProcessEnvironment, Report};
 use floodgate::cli::{self, Cli, Command, ServeArgs};

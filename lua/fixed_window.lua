@@ -20,26 +20,7 @@ sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead), so idle b
 vanish on their own. Absolute, because a relative TTL counts from Redis' own time for the
 command, which can trail TIME by a millisecond: the key could vanish while it still counts.
 ]]
-local key = KEYS[1]
-local op = ARGV[1]
-local n = tonumber(ARGV[2])
-local W = tonumber(ARGV[3])
-local L = tonumber(ARGV[4])
-local consume = ARGV[6] == '1'
-local lockout = tonumber(ARGV[7])
-if not (n and W and L and lockout) or n < 0 or W < 1 or L < 1 or lockout < 0 then
-  return redis.error_reply('ERR floodgate fixed_window: bad arguments')
-end
-
--- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
-local MAX = 9007199254740992
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- Integers go to Redis as exact decimals: tostring would round to 14 digits.
-local function int(x)
-  return string.format('%d', x)
-end
+-- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 
 local s = redis.call('HMGET', key, 'w', 'c', 'lk')
 local window = tonumber(s[1]) or 0

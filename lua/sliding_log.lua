@@ -28,22 +28,9 @@ sorted-set lookup: the live count is ZCOUNT, the k-th oldest live unit is ZRANGE
 A unit is live iff ts > now - W. Peeks and denials never write, so dead members linger
 until the next booking trims them; they are ignored until then.
 ]]
-local key = KEYS[1]
-local op = ARGV[1]
-local n = tonumber(ARGV[2])
-local W = tonumber(ARGV[3])
-local L = tonumber(ARGV[4])
-local consume = ARGV[6] == '1'
-local lockout = tonumber(ARGV[7])
-if not (n and W and L and lockout) or n < 0 or W < 1 or L < 1 or L > 10000 or lockout < 0 then
+-- The shared head (lua/prelude.lua) is prepended when the script is loaded.
+if L > 10000 then
   return redis.error_reply('ERR floodgate sliding_log: bad arguments')
-end
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local function int(x)
-  return string.format('%d', x)
 end
 
 local horizon = int(now - W)

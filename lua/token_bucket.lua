@@ -23,34 +23,7 @@ Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
 ]]
-local key = KEYS[1]
-local op = ARGV[1]
-local n = tonumber(ARGV[2])
-local W = tonumber(ARGV[3])
-local L = tonumber(ARGV[4])
-local B = tonumber(ARGV[5])
-local consume = ARGV[6] == '1'
-local lockout = tonumber(ARGV[7])
-if not (n and W and L and B and lockout) or n < 0 or W < 1 or L < 1 or B < 1 or lockout < 0 then
-  return redis.error_reply('ERR floodgate token_bucket: bad arguments')
-end
-
-local MAX = 9007199254740992
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local function int(x)
-  return string.format('%d', x)
-end
-
--- floor(a/b) of a double quotient is exact for integers 0 <= a < 2^53, b >= 1.
-local function cdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b < a then
-    q = q + 1
-  end
-  return q
-end
+-- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 
 local function gcd(a, b)
   while b ~= 0 do

@@ -12,24 +12,26 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use super::{BackendError, Charge, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
-// Each algorithm script ends where `lua/decide.lua` begins: the order of `Bucket::decide`
-// (peek, lock, algorithm, lockout), written once for all four.
-const FIXED_WINDOW: &str = concat!(
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/decide.lua")
-);
-const TOKEN_BUCKET: &str = concat!(
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/decide.lua")
-);
-const SLIDING_WINDOW: &str = concat!(
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/decide.lua")
-);
-const SLIDING_LOG: &str = concat!(
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/decide.lua")
-);
+/// One loadable script: its name, the shared head (arguments, clock, integer helpers), the
+/// algorithm, and the shared tail (the order of `Bucket::decide`: peek, lock, algorithm,
+/// lockout), so what all four share is written once.
+macro_rules! script {
+    ($name:literal) => {
+        concat!(
+            "local ALGORITHM = '",
+            $name,
+            "'\n",
+            include_str!("../../lua/prelude.lua"),
+            include_str!(concat!("../../lua/", $name, ".lua")),
+            include_str!("../../lua/decide.lua"),
+        )
+    };
+}
+
+const FIXED_WINDOW: &str = script!("fixed_window");
+const TOKEN_BUCKET: &str = script!("token_bucket");
+const SLIDING_WINDOW: &str = script!("sliding_window");
+const SLIDING_LOG: &str = script!("sliding_log");
 
 const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::FixedWindow,

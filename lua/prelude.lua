@@ -1,0 +1,36 @@
+--[[
+floodgate: the shared head of every algorithm script, prepended to each when it is loaded
+(src/backend/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads the
+arguments every script takes (see each script's header for ARGV), the clock, and defines the
+integer helpers.
+]]
+local key = KEYS[1]
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local W = tonumber(ARGV[3])
+local L = tonumber(ARGV[4])
+local B = tonumber(ARGV[5])
+local consume = ARGV[6] == '1'
+local lockout = tonumber(ARGV[7])
+if not (n and W and L and B and lockout) or n < 0 or W < 1 or L < 1 or B < 1 or lockout < 0 then
+  return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': bad arguments')
+end
+
+-- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
+local MAX = 9007199254740992
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Integers go to Redis as exact decimals: tostring would round to 14 digits.
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- ceil(a/b); floor of a double quotient is exact for integers 0 <= a < 2^53, b >= 1.
+local function cdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end

@@ -39,7 +39,12 @@ fn compile_protos() -> Result<(), Box<dyn Error>> {
 /// Sets `FLOODGATE_GIT_SHA` to the short commit hash, or `unknown` outside a git checkout
 /// (a source tarball, or no git installed), and reruns only when HEAD moves.
 fn stamp_git_sha() {
-    let sha = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
+    // A build without `.git` (a container build context) can pass the revision in.
+    println!("cargo:rerun-if-env-changed=FLOODGATE_GIT_SHA");
+    let given = std::env::var("FLOODGATE_GIT_SHA").ok().filter(|sha| !sha.is_empty());
+    let sha = given
+        .or_else(|| git(&["rev-parse", "--short", "HEAD"]))
+        .unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=FLOODGATE_GIT_SHA={sha}");
     // In a worktree `.git` is a file, so ask git where HEAD and the branch ref live. Only
     // existing paths are emitted: cargo treats a missing one as always changed.

@@ -90,7 +90,7 @@ impl RlsService {
         .await;
         Metrics::observe(&metrics.request_latency, started.elapsed());
         if let Err(DecideError::Unavailable(error)) = &result {
-            tracing::warn!(%error, "answering UNAVAILABLE");
+            tracing::debug!(%error, "answering UNAVAILABLE");
         }
         result
     }

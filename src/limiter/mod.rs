@@ -457,7 +457,9 @@ impl Limiter {
     fn answer_failure(&self, error: BackendError, plans: &[Plan]) -> Result<Response, LimitError> {
         let mode = self.options.failure_mode;
         self.metrics.failure_mode_used(mode.as_str());
-        tracing::warn!(%error, mode = mode.as_str(), "backend failed; applying the failure mode");
+        // Debug, not warn: during an outage this fires per request; health logs the outage
+        // once and the failure_mode and backend_errors metrics count every case.
+        tracing::debug!(%error, mode = mode.as_str(), "backend failed; applying the failure mode");
         let (overall, limited_status): (Code, fn(&Limited) -> Status) = match mode {
             FailureMode::Error => return Err(LimitError::Backend(error)),
             FailureMode::Allow => (Code::Ok, |_| Status::unmatched()),

@@ -41,7 +41,9 @@ fn compile_protos() -> Result<(), Box<dyn Error>> {
 fn stamp_git_sha() {
     // A build without `.git` (a container build context) can pass the revision in.
     println!("cargo:rerun-if-env-changed=FLOODGATE_GIT_SHA");
-    let given = std::env::var("FLOODGATE_GIT_SHA").ok().filter(|sha| !sha.is_empty());
+    let given = std::env::var("FLOODGATE_GIT_SHA")
+        .ok()
+        .filter(|sha| !sha.is_empty());
     let sha = given
         .or_else(|| git(&["rev-parse", "--short", "HEAD"]))
         .unwrap_or_else(|| "unknown".to_owned());

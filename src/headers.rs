@@ -4,7 +4,7 @@
 //! with one item per matched limit, plus `Retry-After` when denied); `legacy` emits the
 //! reference service's `RateLimit-Limit/Remaining/Reset` from the most restrictive status.
 
-use crate::limiter::{Code, Response, Status};
+use crate::limiter::{Code, CurrentLimit, Response, Status};
 
 /// Which headers to add to responses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -27,20 +27,18 @@ pub fn build(mode: HeaderMode, response: &Response) -> Vec<(&'static str, String
     }
 }
 
-fn limited(response: &Response) -> impl Iterator<Item = &Status> {
+/// The statuses that carry a limit, with it.
+fn limited(response: &Response) -> impl Iterator<Item = (&Status, &CurrentLimit)> {
     response
         .statuses
         .iter()
-        .filter(|status| status.current_limit.is_some())
+        .filter_map(|status| Some((status, status.current_limit.as_ref()?)))
 }
 
 fn ietf(response: &Response) -> Vec<(&'static str, String)> {
     let mut policies = Vec::new();
     let mut states = Vec::new();
-    for status in limited(response) {
-        let Some(limit) = &status.current_limit else {
-            continue;
-        };
+    for (status, limit) in limited(response) {
         let name = sf_string(&limit.label);
         policies.push(format!(
             "{name};q={};w={}",
@@ -63,8 +61,8 @@ fn ietf(response: &Response) -> Vec<(&'static str, String)> {
     if response.overall == Code::OverLimit {
         // The caller must wait until every denying limit has room again: the longest wait.
         let retry_after = limited(response)
-            .filter(|status| status.code == Code::OverLimit)
-            .filter_map(|status| status.reset_seconds)
+            .filter(|(status, _)| status.code == Code::OverLimit)
+            .filter_map(|(status, _)| status.reset_seconds)
             .max();
         if let Some(seconds) = retry_after {
             headers.push(("Retry-After", seconds.to_string()));
@@ -76,12 +74,9 @@ fn ietf(response: &Response) -> Vec<(&'static str, String)> {
 fn legacy(response: &Response) -> Vec<(&'static str, String)> {
     // The most restrictive status: a denying one first, then the lowest remaining; the first
     // in request order on ties.
-    let Some(status) = limited(response)
-        .min_by_key(|status| (status.code != Code::OverLimit, status.limit_remaining))
+    let Some((status, limit)) = limited(response)
+        .min_by_key(|(status, _)| (status.code != Code::OverLimit, status.limit_remaining))
     else {
-        return Vec::new();
-    };
-    let Some(limit) = &status.current_limit else {
         return Vec::new();
     };
     vec![
@@ -116,7 +111,6 @@ fn sf_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::CurrentLimit;
     use crate::rules::Unit;
     use std::time::Duration;
 

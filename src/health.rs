@@ -20,10 +20,6 @@ pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService"
 /// How often the backend is pinged.
 const PING_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Floor on one ping's time budget, so a tight `--backend-timeout-ms` does not make a
-/// healthy but busy backend look down.
-const MIN_PING_TIMEOUT: Duration = Duration::from_millis(250);
-
 /// Shared readiness state.
 pub struct Health {
     reporter: HealthReporter,
@@ -58,7 +54,7 @@ impl Health {
     /// Pings the backend once and sets readiness from the answer (used at startup, so the
     /// service is ready by the time it announces its addresses when the backend answers).
     pub async fn check_once(&self, backend: &dyn Backend, timeout: Duration) {
-        let ping = tokio::time::timeout(timeout.max(MIN_PING_TIMEOUT), backend.ping()).await;
+        let ping = tokio::time::timeout(timeout, backend.ping()).await;
         self.set_ready(matches!(ping, Ok(Ok(())))).await;
     }
 
@@ -92,7 +88,7 @@ impl Health {
         let mut failing_since: Option<Instant> = None;
         loop {
             tokio::time::sleep(PING_INTERVAL).await;
-            let ping = tokio::time::timeout(timeout.max(MIN_PING_TIMEOUT), backend.ping()).await;
+            let ping = tokio::time::timeout(timeout, backend.ping()).await;
             match ping {
                 Ok(Ok(())) => {
                     if failing_since.take().is_some() {

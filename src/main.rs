@@ -1,8 +1,10 @@
 //! The `floodgate` binary: parses the command line, runs one command, maps it to an exit code.
 //!
 //! Exit codes: 0 success (including a graceful shutdown); 1 `check-config` found errors, or
-//! the service could not start (invalid config, unreachable backend, port in use); 2 usage
-//! errors (clap, or a reference service variable floodgate cannot use).
+//! the service could not start (invalid rules, an invalid backend setting, port in use; an
+//! unreachable Redis is not one: the service starts NOT_SERVING and keeps connecting); 2
+//! usage errors (clap, an invalid `--redis-url`, or a reference service variable floodgate
+//! cannot use).
 
 use std::process::ExitCode;
 
@@ -28,6 +30,10 @@ fn main() -> ExitCode {
     };
     match command {
         Command::Serve(mut args) => {
+            if let Err(error) = args.check() {
+                eprintln!("floodgate: invalid --redis-url: {error}");
+                return ExitCode::from(2);
+            }
             let matches = cli::serve_matches(&matches);
             match reference_env::apply(&mut args, matches, &ProcessEnvironment) {
                 Ok(report) => serve(&args, &report),

@@ -98,6 +98,8 @@ impl Matched<'_> {
 pub struct Matcher {
     domains: HashMap<String, Level>,
     rules: Vec<Arc<Rule>>,
+    /// What it was compiled from, so a reload can tell an unchanged config.
+    source: Vec<DomainRules>,
 }
 
 #[derive(Debug, Default)]
@@ -180,12 +182,20 @@ struct Node {
 impl Matcher {
     /// Compiles validated domains. Validation has already rejected duplicates.
     pub fn new(domains: Vec<DomainRules>) -> Matcher {
-        let mut matcher = Matcher::default();
+        let mut matcher = Matcher {
+            source: domains.clone(),
+            ..Matcher::default()
+        };
         for domain in domains {
             let level = compile_level(domain.descriptors, &mut matcher.rules);
             matcher.domains.insert(domain.domain, level);
         }
         matcher
+    }
+
+    /// Whether this matcher was compiled from exactly `domains`.
+    pub fn compiled_from(&self, domains: &[DomainRules]) -> bool {
+        self.source == domains
     }
 
     /// Whether a domain is loaded.

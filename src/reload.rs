@@ -5,6 +5,7 @@
 //! of events are debounced into one reload. A valid config swaps in atomically; an invalid
 //! one keeps the old rules, logs every error and counts `config_load_error`.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,12 +22,48 @@ use crate::matcher::Matcher;
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// Reloads `dir` into `limiter` whenever it changes or SIGHUP arrives; runs until aborted.
-pub async fn watch(dir: PathBuf, limiter: Arc<Limiter>) {
+///
+/// The SIGHUP handler is installed before this returns its future, so a SIGHUP sent once the
+/// service announced its addresses reloads instead of killing the process.
+pub fn watch(dir: PathBuf, limiter: Arc<Limiter>) -> impl Future<Output = ()> + Send + 'static {
+    let hangups = hangup_signals();
+    async move { watch_with(dir, limiter, hangups).await }
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+fn hangup_signals() -> Hangups {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(hangups) => Some(hangups),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+async fn watch_with(dir: PathBuf, limiter: Arc<Limiter>, hangups: Hangups) {
     let (tx, mut rx) = mpsc::channel::<()>(16);
     let watcher_tx = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Reading the files (our own reload included) raises access events: only changes count.
-        let changed = event.is_ok_and(|event| !matches!(event.kind, EventKind::Access(_)));
+        // Reading the files (our own reload included) raises access events: only changes
+        // count. A watcher error (e.g. a queue overflow) may hide a change: reload to be sure.
+        let changed = match &event {
+            Ok(event) => !matches!(event.kind, EventKind::Access(_)),
+            Err(error) => {
+                tracing::warn!(%error, "config watcher error; reloading to be safe");
+                true
+            }
+        };
         if changed {
             let _ = watcher_tx.try_send(());
         }
@@ -44,7 +81,8 @@ pub async fn watch(dir: PathBuf, limiter: Arc<Limiter>) {
             None
         }
     };
-    tokio::spawn(forward_sighup(tx));
+    let forwarder = tokio::spawn(forward_sighup(hangups, tx));
+    let _stop_forwarder = AbortOnDrop(forwarder);
     // Changes made between the startup load and the watch being set up raised no event.
     reload(&dir, &limiter).await;
     while rx.recv().await.is_some() {
@@ -54,14 +92,9 @@ pub async fn watch(dir: PathBuf, limiter: Arc<Limiter>) {
     }
 }
 
-async fn forward_sighup(tx: mpsc::Sender<()>) {
+async fn forward_sighup(hangups: Hangups, tx: mpsc::Sender<()>) {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP");
-            return;
-        };
+    if let Some(mut hangups) = hangups {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading config");
             if tx.send(()).await.is_err() {
@@ -70,7 +103,16 @@ async fn forward_sighup(tx: mpsc::Sender<()>) {
         }
     }
     #[cfg(not(unix))]
-    drop(tx);
+    drop((hangups, tx));
+}
+
+/// Aborts a task when the watcher that owns it is dropped (aborted at shutdown).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Loads `dir` and swaps it in, or keeps the old rules and reports every error.
@@ -79,6 +121,12 @@ pub async fn reload(dir: &Path, limiter: &Limiter) {
     let loaded = tokio::task::spawn_blocking(move || config::load_dir(&owned)).await;
     let metrics = limiter.metrics();
     match loaded {
+        Ok(Ok(loaded)) if limiter.rules().compiled_from(&loaded.domains) => {
+            // Nothing changed (a touched file, the startup reread): keep the rules and the
+            // local cache as they are.
+            metrics.config_load_success.inc();
+            tracing::debug!("config unchanged");
+        }
         Ok(Ok(loaded)) => {
             let domains = loaded.domains.len();
             limiter.replace_rules(Matcher::new(loaded.domains));

@@ -142,6 +142,8 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        // Created first: this installs the SIGHUP handler before the addresses are announced.
+        let reloader = reload::watch(self.settings.config_dir.clone(), Arc::clone(&self.limiter));
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter).await;
         health
@@ -158,10 +160,7 @@ impl Server {
             BACKEND_FAILURE_GRACE,
             self.settings.limiter.backend_timeout,
         ));
-        let reloader = tokio::spawn(reload::watch(
-            self.settings.config_dir.clone(),
-            Arc::clone(&self.limiter),
-        ));
+        let reloader = tokio::spawn(reloader);
 
         let service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -197,6 +196,8 @@ impl Server {
             result = &mut admin => Some(format!("admin server stopped: {result:?}")),
         };
         tracing::info!("shutting down: reporting NOT_SERVING and draining");
+        // Stop the pinger first, so it cannot publish SERVING after NOT_SERVING.
+        monitor.abort();
         health.shut_down().await;
         if failed.is_none() {
             tokio::time::sleep(self.settings.shutdown_grace).await;
@@ -212,7 +213,6 @@ impl Server {
             grpc.abort();
             admin.abort();
         }
-        monitor.abort();
         reloader.abort();
         match failed {
             Some(message) => Err(ServerError::Serve(message)),

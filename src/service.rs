@@ -107,26 +107,34 @@ impl RateLimitService for RlsService {
             .get("grpc-timeout")
             .and_then(|value| value.to_str().ok())
             .and_then(parse_grpc_timeout)
-            .map(|timeout| Instant::now() + timeout);
+            .map(|timeout| Instant::now() + budget_within(timeout));
         let response = self.decide(request.get_ref(), deadline).await?;
         Ok(GrpcResponse::new(response))
     }
 }
 
+/// The part of the caller's timeout the backend may use: the caller's clock started before
+/// ours, so keep a tenth (at least 1 ms) in hand for the failure mode to answer in time.
+fn budget_within(timeout: Duration) -> Duration {
+    let margin = (timeout / 10).max(Duration::from_millis(1));
+    timeout.saturating_sub(margin)
+}
+
 /// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let (unit, digits) = value.as_bytes().split_last()?;
+    let digits = std::str::from_utf8(digits).ok()?;
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
-        "H" => Duration::from_secs(amount * 3600),
-        "M" => Duration::from_secs(amount * 60),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
+        b'H' => Duration::from_secs(amount * 3600),
+        b'M' => Duration::from_secs(amount * 60),
+        b'S' => Duration::from_secs(amount),
+        b'm' => Duration::from_millis(amount),
+        b'u' => Duration::from_micros(amount),
+        b'n' => Duration::from_nanos(amount),
         _ => return None,
     })
 }
@@ -362,6 +370,15 @@ mod tests {
         assert_eq!(parse_grpc_timeout("123456789m"), None);
         assert_eq!(parse_grpc_timeout("10x"), None);
         assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(parse_grpc_timeout("1\u{e9}"), None);
+        assert_eq!(
+            budget_within(Duration::from_millis(20)),
+            Duration::from_millis(18)
+        );
+        assert_eq!(
+            budget_within(Duration::from_millis(5)),
+            Duration::from_millis(4)
+        );
     }
 
     #[test]

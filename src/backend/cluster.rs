@@ -54,7 +54,7 @@ impl ClusterBackend {
     /// node; each step is bounded by `options.timeout`.
     ///
     /// # Errors
-    /// `Failed` for invalid URLs or options or a refused login;
+    /// `Config` for invalid URLs or options; `Failed` for a refused login or a server error;
     /// `Unavailable` or `Timeout` when no seed node answers. No message contains a URL or
     /// a password.
     pub async fn connect(
@@ -110,11 +110,6 @@ impl ClusterBackend {
             }
         }
         Ok(backend)
-    }
-
-    /// The options the backend runs with.
-    pub fn options(&self) -> &RedisOptions {
-        &self.options
     }
 
     async fn bounded<T>(

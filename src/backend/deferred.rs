@@ -14,8 +14,9 @@ use async_trait::async_trait;
 
 use super::{Backend, BackendError, Charge, Outcome, Refund};
 
-/// First and largest pause between connection attempts.
+/// Pause before the first retry; each failure doubles it.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// Longest pause between attempts.
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// One connection attempt.

@@ -182,11 +182,13 @@ impl std::fmt::Debug for BackendSettings {
     }
 }
 
-/// Builds the configured backend. The Redis backends connect and check the login before
-/// returning, so a misconfiguration stops startup with a readable error.
+/// Builds the configured backend. Settings that cannot work (`BackendError::Config`: an
+/// invalid URL or option) stop startup; any other failure (unreachable, refused login,
+/// CLUSTERDOWN) starts the service NOT_SERVING with a backend that keeps connecting in the
+/// background and logs why each attempt failed (see `deferred`).
 ///
 /// # Errors
-/// The backend's setup failed (see `RedisBackend::connect`, `ClusterBackend::connect`).
+/// `BackendError::Config` from `RedisBackend::connect` or `ClusterBackend::connect`.
 pub async fn connect(settings: &BackendSettings) -> Result<Arc<dyn Backend>, BackendError> {
     let (name, attempt) = connector(settings);
     match attempt().await {

@@ -274,8 +274,8 @@ impl RedisBackend {
     /// then keeps `options.pool_size` sockets open and replaces failed ones on its own.
     ///
     /// # Errors
-    /// `Failed` for an invalid URL or options or a refused login;
-    /// `Unavailable` or `Timeout` when the node cannot be reached. No message contains the
+    /// `Config` for an invalid URL or options; `Failed` for a refused login or a server
+    /// error; `Unavailable` or `Timeout` when the node cannot be reached. No message contains the
     /// URL or the password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend, BackendError> {
         options.validate()?;
@@ -329,11 +329,6 @@ impl RedisBackend {
         };
         backend.preload_scripts().await;
         Ok(backend)
-    }
-
-    /// The options the backend runs with.
-    pub fn options(&self) -> &RedisOptions {
-        &self.options
     }
 
     /// Loads the scripts so that the first calls need no `EVAL` fallback. Best effort: a

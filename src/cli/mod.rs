@@ -42,13 +42,14 @@ pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
 /// Default Redis URL: a local single node.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// Default connections per Redis pool.
-pub const DEFAULT_REDIS_POOL_SIZE: u32 = 4;
+pub const DEFAULT_REDIS_POOL_SIZE: u32 = crate::backend::redis::DEFAULT_POOL_SIZE;
 /// Default bound on one backend call, in ms; Envoy's own default timeout is 20 ms higher up.
-pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 100;
+pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 =
+    crate::backend::redis::DEFAULT_TIMEOUT.as_millis() as u64;
 /// Default size of the local over-limit cache.
 pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
 /// Default prefix of every backend key.
-pub const DEFAULT_KEY_PREFIX: &str = "fg";
+pub const DEFAULT_KEY_PREFIX: &str = crate::backend::redis::DEFAULT_KEY_PREFIX;
 /// Default cap on live buckets in the memory backend.
 pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = 1_000_000;
 /// Default time in-flight calls get to finish after shutdown starts, in ms.
@@ -203,6 +204,14 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Checks what clap cannot without printing secrets: the Redis URLs' schemes.
+    ///
+    /// # Errors
+    /// The first invalid setting, with URLs redacted.
+    pub fn check(&self) -> Result<(), String> {
+        self.redis_url.iter().try_for_each(RedisUrl::check)
+    }
+
     /// The server settings these flags describe.
     pub fn settings(&self) -> Settings {
         let timeout = Duration::from_millis(self.backend_timeout_ms);
@@ -277,7 +286,11 @@ impl RedisUrl {
     pub fn redacted(&self) -> String {
         let url = &self.0;
         let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-            return url.clone();
+            // Not a URL: anything before an `@` may be a password.
+            return match url.rsplit_once('@') {
+                Some((_, host)) => format!("***@{host}"),
+                None => url.clone(),
+            };
         };
         let rest = &url[scheme_end..];
         let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -314,21 +327,37 @@ fn redact_query(tail: &str) -> String {
     format!("{path}?{}", params.join("&"))
 }
 
-impl FromStr for RedisUrl {
-    type Err = String;
-
-    fn from_str(url: &str) -> Result<RedisUrl, String> {
+impl RedisUrl {
+    /// Checks the scheme.
+    ///
+    /// # Errors
+    /// A message showing the URL redacted.
+    pub fn check(&self) -> Result<(), String> {
         const SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
-        let url = url.trim();
-        if SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
-            Ok(RedisUrl(url.to_owned()))
-        } else {
-            let shown = RedisUrl(url.to_owned()).redacted();
-            Err(format!(
-                "`{shown}` is not a Redis URL: expected one of {}",
-                SCHEMES.join(", ")
-            ))
+        if SCHEMES.iter().any(|scheme| self.0.starts_with(scheme)) {
+            return Ok(());
         }
+        Err(format!(
+            "`{}` is not a Redis URL: expected one of {}",
+            self.redacted(),
+            SCHEMES.join(", ")
+        ))
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(url: String) -> RedisUrl {
+        RedisUrl(url.trim().to_owned())
+    }
+}
+
+/// Parsing never fails: clap would print the raw value (password included) in its error.
+/// The scheme is checked after parsing, by [`ServeArgs::check`], with a redacted message.
+impl FromStr for RedisUrl {
+    type Err = std::convert::Infallible;
+
+    fn from_str(url: &str) -> Result<RedisUrl, Self::Err> {
+        Ok(RedisUrl(url.trim().to_owned()))
     }
 }
 
@@ -376,7 +405,7 @@ mod tests {
         assert_eq!(args.http_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(args.backend, BackendKind::Memory);
         assert_eq!(args.redis_url, ["redis://127.0.0.1:6379".parse().unwrap()]);
-        assert_eq!(args.redis_pool_size, 4);
+        assert_eq!(args.redis_pool_size, 2);
         assert_eq!(args.backend_timeout_ms, 100);
         assert_eq!(args.failure_mode, FailureMode::Error);
         assert_eq!(args.response_headers, ResponseHeaders::Off);
@@ -442,7 +471,13 @@ mod tests {
         ] {
             let argv = std::iter::once("floodgate").chain(args.iter().copied());
             let argv = with_default_command(argv.map(OsString::from));
-            assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
+            let rejected = match Cli::try_parse_from(argv).map(Cli::into_command) {
+                Err(_) => true,
+                // URLs are checked after parsing, so clap never echoes a password.
+                Ok(Command::Serve(serve)) => serve.check().is_err(),
+                Ok(Command::CheckConfig { .. }) => false,
+            };
+            assert!(rejected, "{args:?}");
         }
     }
 
@@ -490,7 +525,14 @@ mod tests {
             !debug.contains("s3cret") && debug.contains("u:***@h:2"),
             "{debug}"
         );
-        let err = "http://u:s3cret@h".parse::<RedisUrl>().unwrap_err();
+        let bad: RedisUrl = "http://u:s3cret@h".parse().unwrap();
+        let err = bad.check().unwrap_err();
         assert!(!err.contains("s3cret"), "{err}");
+        let no_scheme: RedisUrl = "u:s3cret@h:6379".parse().unwrap();
+        let err = no_scheme.check().unwrap_err();
+        assert!(
+            !err.contains("s3cret") && err.contains("***@h:6379"),
+            "{err}"
+        );
     }
 }

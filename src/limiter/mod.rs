@@ -61,7 +61,7 @@ pub struct LimiterOptions {
 impl Default for LimiterOptions {
     fn default() -> Self {
         LimiterOptions {
-            backend_timeout: Duration::from_millis(100),
+            backend_timeout: crate::backend::redis::DEFAULT_TIMEOUT,
             failure_mode: FailureMode::Error,
             shadow_mode: false,
             local_cache_entries: 0,
@@ -195,16 +195,15 @@ impl Limiter {
     pub fn replace_rules(&self, rules: Matcher) {
         self.metrics.loaded_rules.set(rules.rules().len() as i64);
         self.rules.store(Arc::new(rules));
+        // A changed limit may have room where the old one had none.
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
     }
 
     /// The active rules.
     pub fn rules(&self) -> Arc<Matcher> {
         self.rules.load_full()
-    }
-
-    /// The backend (for health checks).
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
     }
 
     /// The metrics this limiter feeds.
@@ -247,6 +246,8 @@ impl Limiter {
             }
         }
 
+        // Outcomes the backend just decided: the only ones that may fill the local cache.
+        let mut fresh = Vec::new();
         if !to_charge.is_empty() {
             let charges: Vec<Charge> = to_charge
                 .iter()
@@ -259,22 +260,40 @@ impl Limiter {
                     }
                 })
                 .collect();
-            match self
+            let asked_at = Instant::now();
+            let answer = self
                 .backend_call(deadline, self.backend.charge(&charges))
                 .await
-            {
+                .and_then(|results| {
+                    if results.len() == charges.len() {
+                        Ok(results)
+                    } else {
+                        Err(BackendError::Failed(format!(
+                            "{} outcomes for {} charges",
+                            results.len(),
+                            charges.len()
+                        )))
+                    }
+                });
+            match answer {
                 Ok(results) => {
                     for (&i, outcome) in to_charge.iter().zip(results) {
                         limited_of(&plans[i]).record(&outcome, false);
                         outcomes[i] = Some(outcome);
+                        fresh.push((i, asked_at));
                     }
                 }
-                Err(error) => return self.answer_failure(error, &plans),
+                Err(error) => self.apply_failure_mode(
+                    error,
+                    &plans,
+                    &to_charge,
+                    &mut statuses,
+                    &mut outcomes,
+                )?,
             }
         }
 
-        let response = self.finish(&plans, statuses, outcomes, deadline).await;
-        Ok(response)
+        Ok(self.finish(&plans, statuses, outcomes, &fresh).await)
     }
 
     /// Resolves every descriptor to a plan, applying `replaces` across the request.
@@ -336,7 +355,10 @@ impl Limiter {
         if limited.policy.on_over_limit == OnOverLimit::Consume {
             return None;
         }
-        let left = self.cache.as_ref()?.exhausted_for(&limited.bucket)?;
+        let left = self
+            .cache
+            .as_ref()?
+            .exhausted_for(limited.bucket, limited.policy)?;
         self.metrics.local_cache_hits.inc();
         Some(Outcome {
             allowed: false,
@@ -375,7 +397,7 @@ impl Limiter {
         plans: &[Plan],
         mut statuses: Vec<Option<Status>>,
         outcomes: Vec<Option<Outcome>>,
-        deadline: Option<Instant>,
+        fresh: &[(usize, Instant)],
     ) -> Response {
         let mut over = false;
         let mut quota_total = 0usize;
@@ -405,6 +427,7 @@ impl Limiter {
         // The request is admitted under global shadow mode, so its bookings stand.
         let refunding = over && !self.options.shadow_mode;
         let mut refunds = Vec::new();
+        let mut refunded = vec![false; outcomes.len()];
         for (i, outcome) in outcomes.iter().enumerate() {
             let (Some(outcome), Some(limited)) = (outcome, limited_of_opt(&plans[i])) else {
                 continue;
@@ -420,23 +443,26 @@ impl Limiter {
                     cost: limited.cost,
                     booked_at_ms: outcome.now_ms,
                 });
+                refunded[i] = true;
                 if let Some(status) = statuses[i].as_mut() {
                     let before = u64::from(status.limit_remaining) + limited.cost;
                     status.limit_remaining = u32::try_from(before).unwrap_or(u32::MAX);
                 }
-            } else if let Some(cache) = &self.cache
-                && limited.proves_exhausted(outcome)
-            {
-                cache.insert(limited.bucket, outcome.reset_ms);
             }
         }
-        if !refunds.is_empty()
-            && let Err(error) = self
-                .backend_call(deadline, self.backend.refund(&refunds))
-                .await
-        {
-            self.metrics.refund_errors.inc();
-            tracing::warn!(%error, "refund failed; the over-limit request's bookings stand");
+        if let Some(cache) = &self.cache {
+            for &(i, asked_at) in fresh {
+                let (Some(outcome), Some(limited)) = (&outcomes[i], limited_of_opt(&plans[i]))
+                else {
+                    continue;
+                };
+                if !refunded[i] && limited.proves_exhausted(outcome) {
+                    cache.insert(limited.bucket, limited.policy, asked_at, outcome.reset_ms);
+                }
+            }
+        }
+        if !refunds.is_empty() {
+            self.refund(refunds).await;
         }
 
         let overall = if over && !self.options.shadow_mode {
@@ -453,28 +479,51 @@ impl Limiter {
         }
     }
 
-    /// Applies the failure mode to a backend error.
-    fn answer_failure(&self, error: BackendError, plans: &[Plan]) -> Result<Response, LimitError> {
+    /// Applies the failure mode to a backend error for the descriptors that needed the
+    /// backend; everything decided without it (unmatched, unlimited, `L = 0`, cached) stands,
+    /// and `finish` then applies shadow modes as for any answer.
+    fn apply_failure_mode(
+        &self,
+        error: BackendError,
+        plans: &[Plan],
+        to_charge: &[usize],
+        statuses: &mut [Option<Status>],
+        outcomes: &mut [Option<Outcome>],
+    ) -> Result<(), LimitError> {
         let mode = self.options.failure_mode;
         self.metrics.failure_mode_used(mode.as_str());
         // Debug, not warn: during an outage this fires per request; health logs the outage
         // once and the failure_mode and backend_errors metrics count every case.
         tracing::debug!(%error, mode = mode.as_str(), "backend failed; applying the failure mode");
-        let (overall, limited_status): (Code, fn(&Limited) -> Status) = match mode {
-            FailureMode::Error => return Err(LimitError::Backend(error)),
-            FailureMode::Allow => (Code::Ok, |_| Status::unmatched()),
-            FailureMode::Deny => (Code::OverLimit, |limited| {
-                limited.status(Code::OverLimit, 0, 0)
-            }),
-        };
-        let statuses = plans
-            .iter()
-            .map(|plan| match plan {
-                Plan::Done(status) => status.clone(),
-                Plan::Zero(limited) | Plan::Charge(limited) => limited_status(limited),
-            })
-            .collect();
-        Ok(Response { overall, statuses })
+        for &i in to_charge {
+            match mode {
+                FailureMode::Error => return Err(LimitError::Backend(error)),
+                FailureMode::Allow => statuses[i] = Some(Status::unmatched()),
+                FailureMode::Deny => outcomes[i] = Some(always_over(&limited_of(&plans[i]).policy)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes the bookings of an over-limit request. Runs as its own task: if the caller
+    /// gives up (a deadline, a reset stream), the refund still completes, bounded by the
+    /// backend timeout.
+    async fn refund(&self, refunds: Vec<Refund>) {
+        let backend = Arc::clone(&self.backend);
+        let metrics = Arc::clone(&self.metrics);
+        let timeout = self.options.backend_timeout;
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(timeout, backend.refund(&refunds)).await {
+                Ok(result) => result,
+                Err(_) => Err(BackendError::Timeout),
+            };
+            if let Err(error) = result {
+                metrics.backend_error(error.kind());
+                metrics.refund_errors.inc();
+                tracing::warn!(%error, "refund failed; the over-limit request's bookings stand");
+            }
+        });
+        let _ = task.await;
     }
 }
 
@@ -495,7 +544,10 @@ fn resolve(
         let policy = *rule.policy()?;
         let levels = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let bucket = BucketKey::new(domain, &rule.path, levels, &policy);
-        let counters = metrics.rule(domain, &rule.path);
+        // Label by the entry keys only: values come from requests and would make the
+        // metric's cardinality unbounded.
+        let keys: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+        let counters = metrics.rule(domain, &keys.join("."));
         return Some((rule, Some(bucket), counters));
     }
     let matched = rules.lookup(domain, entries)?;

@@ -524,10 +524,10 @@ impl Mapper<'_> {
                 Some(credentials) => credentials.insert_into(&url)?,
                 None => url,
             };
-            urls.push(
-                url.parse::<RedisUrl>()
-                    .map_err(|message| invalid("REDIS_URL", message))?,
-            );
+            let url = RedisUrl::from(url);
+            url.check()
+                .map_err(|message| invalid("REDIS_URL", message))?;
+            urls.push(url);
         }
         if urls.is_empty() {
             return Err(invalid("REDIS_URL", "names no Redis node"));

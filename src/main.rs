@@ -82,7 +82,14 @@ fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let settings = args.settings();
+    let settings = match args.settings() {
+        Ok(settings) => settings,
+        Err(error) => {
+            tracing::error!(%error, "invalid settings");
+            eprintln!("floodgate: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
     let result = runtime.block_on(async {
         let stop = shutdown::signal();

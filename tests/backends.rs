@@ -8,7 +8,7 @@
 mod common;
 
 use common::redis::{RedisCluster, RedisServer};
-use common::{TestServer, descriptor, request, should_rate_limit};
+use common::{TestServer, descriptor, redis_options, request, should_rate_limit};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
@@ -204,9 +204,7 @@ async fn every_backend_gives_the_same_answers() {
     let redis = RedisServer::start();
     let server = server_on(BackendSettings::Redis {
         url: redis.url(),
-        pool_size: 2,
-        key_prefix: "fg".into(),
-        timeout: Duration::from_secs(2),
+        options: redis_options(Duration::from_secs(2)),
     })
     .await;
     let redis_observed = run_scenarios(&server).await;
@@ -221,8 +219,7 @@ async fn every_backend_gives_the_same_answers() {
     let cluster = RedisCluster::start();
     let server = server_on(BackendSettings::Cluster {
         urls: cluster.urls(),
-        key_prefix: "fg".into(),
-        timeout: Duration::from_secs(2),
+        options: redis_options(Duration::from_secs(2)),
     })
     .await;
     let cluster_observed = run_scenarios(&server).await;

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use common::{TestServer, descriptor, http, request, should_rate_limit};
+use common::{TestServer, descriptor, http, redis_options, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::backend::BackendSettings;
 use floodgate::limiter::FailureMode;
@@ -18,9 +18,7 @@ async fn server(redis: &RedisServer, mode: FailureMode) -> TestServer {
     TestServer::start_with(&[("api.yaml", RULES)], |settings| {
         settings.backend = BackendSettings::Redis {
             url: redis.url(),
-            pool_size: 2,
-            key_prefix: "fg".into(),
-            timeout: Duration::from_millis(300),
+            options: redis_options(Duration::from_millis(300)),
         };
         settings.limiter.backend_timeout = Duration::from_millis(300);
         settings.limiter.failure_mode = mode;
@@ -190,9 +188,7 @@ async fn shutdown_waits_for_calls_blocked_on_redis() {
     let server = TestServer::start_with(&[("api.yaml", RULES)], |settings| {
         settings.backend = BackendSettings::Redis {
             url: redis.url(),
-            pool_size: 2,
-            key_prefix: "fg".into(),
-            timeout: Duration::from_secs(5),
+            options: redis_options(Duration::from_secs(5)),
         };
         settings.limiter.backend_timeout = Duration::from_secs(5);
     })

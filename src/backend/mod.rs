@@ -130,21 +130,15 @@ pub enum BackendSettings {
     Redis {
         /// `redis://` or `rediss://` URL, possibly with credentials and a database.
         url: String,
-        /// Pool size.
-        pool_size: u32,
-        /// Key prefix.
-        key_prefix: String,
-        /// Bound on each call.
-        timeout: std::time::Duration,
+        /// Pool, timeout, key prefix, TLS.
+        options: RedisOptions,
     },
     /// A Redis Cluster reached through seed nodes.
     Cluster {
         /// Seed node URLs.
         urls: Vec<String>,
-        /// Key prefix.
-        key_prefix: String,
-        /// Bound on each call.
-        timeout: std::time::Duration,
+        /// Timeout, key prefix, TLS (the pool size does not apply).
+        options: RedisOptions,
     },
 }
 
@@ -156,27 +150,15 @@ impl std::fmt::Debug for BackendSettings {
                 .debug_struct("Memory")
                 .field("max_buckets", max_buckets)
                 .finish(),
-            BackendSettings::Redis {
-                pool_size,
-                key_prefix,
-                timeout,
-                ..
-            } => f
+            BackendSettings::Redis { options, .. } => f
                 .debug_struct("Redis")
                 .field("url", &"<redacted>")
-                .field("pool_size", pool_size)
-                .field("key_prefix", key_prefix)
-                .field("timeout", timeout)
+                .field("options", options)
                 .finish(),
-            BackendSettings::Cluster {
-                urls,
-                key_prefix,
-                timeout,
-            } => f
+            BackendSettings::Cluster { urls, options } => f
                 .debug_struct("Cluster")
                 .field("urls", &format!("<{} redacted>", urls.len()))
-                .field("key_prefix", key_prefix)
-                .field("timeout", timeout)
+                .field("options", options)
                 .finish(),
         }
     }
@@ -212,49 +194,25 @@ fn connector(settings: &BackendSettings) -> (&'static str, deferred::Connect) {
                 })
             }),
         ),
-        BackendSettings::Redis {
-            url,
-            pool_size,
-            key_prefix,
-            timeout,
-        } => {
-            let options = RedisOptions {
-                pool_size,
-                timeout,
-                key_prefix,
-                ..RedisOptions::default()
-            };
-            (
-                "redis",
-                Box::new(move || {
-                    let (url, options) = (url.clone(), options.clone());
-                    Box::pin(async move {
-                        let backend = RedisBackend::connect(&url, options).await?;
-                        Ok(Arc::new(backend) as Arc<dyn Backend>)
-                    })
-                }),
-            )
-        }
-        BackendSettings::Cluster {
-            urls,
-            key_prefix,
-            timeout,
-        } => {
-            let options = RedisOptions {
-                timeout,
-                key_prefix,
-                ..RedisOptions::default()
-            };
-            (
-                "redis-cluster",
-                Box::new(move || {
-                    let (urls, options) = (urls.clone(), options.clone());
-                    Box::pin(async move {
-                        let backend = ClusterBackend::connect(&urls, options).await?;
-                        Ok(Arc::new(backend) as Arc<dyn Backend>)
-                    })
-                }),
-            )
-        }
+        BackendSettings::Redis { url, options } => (
+            "redis",
+            Box::new(move || {
+                let (url, options) = (url.clone(), options.clone());
+                Box::pin(async move {
+                    let backend = RedisBackend::connect(&url, options).await?;
+                    Ok(Arc::new(backend) as Arc<dyn Backend>)
+                })
+            }),
+        ),
+        BackendSettings::Cluster { urls, options } => (
+            "redis-cluster",
+            Box::new(move || {
+                let (urls, options) = (urls.clone(), options.clone());
+                Box::pin(async move {
+                    let backend = ClusterBackend::connect(&urls, options).await?;
+                    Ok(Arc::new(backend) as Arc<dyn Backend>)
+                })
+            }),
+        ),
     }
 }

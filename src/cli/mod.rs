@@ -16,6 +16,7 @@ use std::time::Duration;
 use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::BackendSettings;
+use crate::backend::redis::RedisOptions;
 pub use crate::headers::HeaderMode as ResponseHeaders;
 pub use crate::limiter::FailureMode;
 use crate::limiter::LimiterOptions;
@@ -157,6 +158,10 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub redis_pool_size: u32,
+    /// PEM file of the CA that signs the Redis servers' certificates (for `rediss://` with a
+    /// private CA; the public web roots are trusted without it).
+    #[arg(long, env = "FLOODGATE_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<PathBuf>,
     /// Bound on one backend call, in milliseconds.
     #[arg(
         long,
@@ -212,10 +217,24 @@ impl ServeArgs {
         self.redis_url.iter().try_for_each(RedisUrl::check)
     }
 
-    /// The server settings these flags describe.
-    pub fn settings(&self) -> Settings {
+    /// The server settings these flags describe; reads the Redis CA file if one is named.
+    ///
+    /// # Errors
+    /// The CA file cannot be read.
+    pub fn settings(&self) -> Result<Settings, String> {
         let timeout = Duration::from_millis(self.backend_timeout_ms);
-        let key_prefix = self.key_prefix.clone();
+        let tls_ca_pem = match &self.redis_ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|error| {
+                format!("cannot read --redis-ca-file {}: {error}", path.display())
+            })?),
+            None => None,
+        };
+        let options = RedisOptions {
+            pool_size: self.redis_pool_size,
+            timeout,
+            key_prefix: self.key_prefix.clone(),
+            tls_ca_pem,
+        };
         let backend = match self.backend {
             BackendKind::Memory => BackendSettings::Memory {
                 max_buckets: self.memory_max_buckets,
@@ -226,9 +245,7 @@ impl ServeArgs {
                     .first()
                     .map(|url| url.as_str().to_owned())
                     .unwrap_or_default(),
-                pool_size: self.redis_pool_size,
-                key_prefix,
-                timeout,
+                options,
             },
             BackendKind::RedisCluster => BackendSettings::Cluster {
                 urls: self
@@ -236,11 +253,10 @@ impl ServeArgs {
                     .iter()
                     .map(|url| url.as_str().to_owned())
                     .collect(),
-                key_prefix,
-                timeout,
+                options,
             },
         };
-        Settings {
+        Ok(Settings {
             config_dir: self.config.clone(),
             grpc_addr: self.grpc_addr.to_string(),
             http_addr: self.http_addr.to_string(),
@@ -254,7 +270,7 @@ impl ServeArgs {
             header_mode: self.response_headers,
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             shutdown_grace: Duration::from_millis(self.health_grace_ms),
-        }
+        })
     }
 }
 
@@ -490,7 +506,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
             .collect();
-        assert_eq!(flags.len(), 16);
+        assert_eq!(flags.len(), 17);
         for arg in flags {
             let long = arg.get_long().unwrap();
             let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

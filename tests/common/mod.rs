@@ -30,6 +30,14 @@ pub struct TestServer {
     task: Option<JoinHandle<Result<(), floodgate::server::ServerError>>>,
 }
 
+/// Redis backend options with a per-call bound of `timeout`.
+pub fn redis_options(timeout: Duration) -> floodgate::backend::redis::RedisOptions {
+    floodgate::backend::redis::RedisOptions {
+        timeout,
+        ..Default::default()
+    }
+}
+
 /// Settings for a memory-backed server on ephemeral loopback ports.
 pub fn settings(config_dir: &Path) -> Settings {
     Settings {

@@ -176,6 +176,17 @@ async fn exactly_the_limit_is_admitted(backends: &[Arc<dyn Backend>], algorithm:
     panic!("every round crossed an hour boundary");
 }
 
+async fn every_algorithm_admits_exactly_the_limit(backends: &[Arc<dyn Backend>]) {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        exactly_the_limit_is_admitted(backends, algorithm).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_admits_exactly_the_limit_under_concurrency() {
     let server = RedisServer::start();
@@ -187,14 +198,7 @@ async fn redis_admits_exactly_the_limit_under_concurrency() {
                 .unwrap(),
         ));
     }
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ] {
-        exactly_the_limit_is_admitted(&backends, algorithm).await;
-    }
+    every_algorithm_admits_exactly_the_limit(&backends).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,14 +212,7 @@ async fn cluster_admits_exactly_the_limit_under_concurrency() {
                 .unwrap(),
         ));
     }
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ] {
-        exactly_the_limit_is_admitted(&backends, algorithm).await;
-    }
+    every_algorithm_admits_exactly_the_limit(&backends).await;
 }
 
 fn is_transient(err: &BackendError) -> bool {

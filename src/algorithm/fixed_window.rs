@@ -63,12 +63,7 @@ impl Counter for FixedWindow {
                 if book_on_deny {
                     self.count = self.count.saturating_add(cost).min(MAX_COUNT);
                 }
-                Verdict {
-                    allowed: false,
-                    remaining: 0,
-                    reset_ms,
-                    booked: book_on_deny,
-                }
+                Verdict::denied(reset_ms, book_on_deny)
             }
         }
     }

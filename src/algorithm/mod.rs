@@ -165,11 +165,18 @@ impl Bucket {
 }
 
 fn denied(reset_ms: i64, booked: bool) -> Verdict {
-    Verdict {
-        allowed: false,
-        remaining: 0,
-        reset_ms: reset_ms.max(0) as u64,
-        booked,
+    Verdict::denied(reset_ms.max(0) as u64, booked)
+}
+
+impl Verdict {
+    /// A denial: nothing remains, and the caller may retry after `reset_ms`.
+    pub fn denied(reset_ms: u64, booked: bool) -> Verdict {
+        Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_ms,
+            booked,
+        }
     }
 }
 

@@ -138,12 +138,7 @@ impl Counter for SlidingLog {
                     booked: true,
                 }
             }
-            _ => Verdict {
-                allowed: false,
-                remaining: 0,
-                reset_ms: self.wait(params, now_ms, &live, cost),
-                booked: false,
-            },
+            _ => Verdict::denied(self.wait(params, now_ms, &live, cost), false),
         }
     }
 

@@ -124,12 +124,7 @@ impl Counter for SlidingWindow {
                     *self = at.state;
                     self.current = self.current.saturating_add(cost).min(MAX_COUNT);
                 }
-                Verdict {
-                    allowed: false,
-                    remaining: 0,
-                    reset_ms,
-                    booked: book_on_deny,
-                }
+                Verdict::denied(reset_ms, book_on_deny)
             }
         }
     }
@@ -144,12 +139,7 @@ impl Counter for SlidingWindow {
                 reset_ms: reset(params.window() - at.elapsed),
                 booked: false,
             },
-            None => Verdict {
-                allowed: false,
-                remaining: 0,
-                reset_ms: at.wait(params, 1),
-                booked: false,
-            },
+            None => Verdict::denied(at.wait(params, 1), false),
         }
     }
 

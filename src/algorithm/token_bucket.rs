@@ -75,12 +75,7 @@ impl TokenBucket {
 
 impl Counter for TokenBucket {
     fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict {
-        let over = |reset_ms, booked| Verdict {
-            allowed: false,
-            remaining: 0,
-            reset_ms,
-            booked,
-        };
+        let over = |reset_ms, booked| Verdict::denied(reset_ms, booked);
         let Some(scale) = Scale::of(params) else {
             return over(0, false);
         };
@@ -108,12 +103,7 @@ impl Counter for TokenBucket {
 
     fn peek(&self, params: &Params, now_ms: i64) -> Verdict {
         let Some(scale) = Scale::of(params) else {
-            return Verdict {
-                allowed: false,
-                remaining: 0,
-                reset_ms: 0,
-                booked: false,
-            };
+            return Verdict::denied(0, false);
         };
         let level = self.level_at(&scale, now_ms);
         let allowed = level + scale.unit <= scale.capacity;

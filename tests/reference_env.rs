@@ -19,7 +19,7 @@ domain: edge
 descriptors:
   - key: remote_address
     rate_limit:
-      unit: minute
+      unit: hour
       requests_per_unit: 3
   - key: source_cluster
     value: proxy

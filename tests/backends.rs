@@ -8,7 +8,9 @@
 mod common;
 
 use common::redis::{RedisCluster, RedisServer};
-use common::{TestServer, descriptor, redis_options, request, should_rate_limit};
+use common::{
+    TestServer, away_from_an_hour_boundary, descriptor, redis_options, request, should_rate_limit,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
@@ -135,18 +137,6 @@ fn comparable(observed: &[Observed]) -> Vec<Observed> {
             (*code, statuses)
         })
         .collect()
-}
-
-/// The scenarios count in hour-long windows: start a run only when the current hour has more
-/// than a few seconds left, so no run straddles two windows (waits at most 10 s).
-async fn away_from_an_hour_boundary() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970");
-    let left = 3600 - now.as_secs() % 3600;
-    if left <= 10 {
-        tokio::time::sleep(Duration::from_secs(left + 1)).await;
-    }
 }
 
 async fn server_on(backend: BackendSettings) -> TestServer {

@@ -141,6 +141,7 @@ async fn outage_flips_health_and_applies_each_failure_mode() {
 
 #[tokio::test]
 async fn exhausted_buckets_are_answered_from_the_local_cache() {
+    common::away_from_an_hour_boundary().await;
     let redis = RedisServer::start();
     let server = server(&redis, FailureMode::Error).await;
     let mut client = server.client().await;

@@ -50,6 +50,7 @@ fn warnings_naming(server: &Binary, variable: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_reference_environment_serves_its_rules() {
+    common::away_from_an_hour_boundary().await;
     let root = runtime_root();
     let server = Binary::start_with_env_only(&[
         ("RUNTIME_ROOT", root.path().to_str().unwrap()),

@@ -36,6 +36,7 @@ const OVER: i32 = Code::OverLimit as i32;
 
 #[tokio::test]
 async fn fixed_window_counts_down_then_denies() {
+    common::away_from_an_hour_boundary().await;
     let server = TestServer::start(&[("api.yaml", API)]).await;
     let mut client = server.client().await;
     for expected_remaining in [2, 1, 0] {
@@ -126,6 +127,7 @@ async fn statuses_follow_request_order_and_unmatched_descriptors_pass() {
 
 #[tokio::test]
 async fn hits_addend_peek_and_refund_on_overall_denial() {
+    common::away_from_an_hour_boundary().await;
     let server = TestServer::start(&[("api.yaml", API)]).await;
     let mut client = server.client().await;
     let addr = || descriptor(&[("remote_address", "1.1.1.1")]);
@@ -179,6 +181,7 @@ async fn hits_addend_peek_and_refund_on_overall_denial() {
 
 #[tokio::test]
 async fn limit_override_replaces_the_configured_limit() {
+    common::away_from_an_hour_boundary().await;
     let server = TestServer::start(&[("api.yaml", API)]).await;
     let mut client = server.client().await;
     let mut d = descriptor(&[("remote_address", "3.3.3.3")]);
@@ -268,6 +271,7 @@ async fn health_reports_serving_for_both_names() {
 
 #[tokio::test]
 async fn admin_json_metrics_and_rlconfig() {
+    common::away_from_an_hour_boundary().await;
     let server = TestServer::start(&[("api.yaml", API)]).await;
     let url = server.http_url("/json");
     let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"path","value":"/login"}]}],"hitsAddend":1}"#;

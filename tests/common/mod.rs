@@ -30,6 +30,18 @@ pub struct TestServer {
     task: Option<JoinHandle<Result<(), floodgate::server::ServerError>>>,
 }
 
+/// For tests that count in hour-long fixed windows: returns once the current hour has more
+/// than a few seconds left, so no test straddles two windows (waits at most 10 s).
+pub async fn away_from_an_hour_boundary() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let left = 3600 - now.as_secs() % 3600;
+    if left <= 10 {
+        tokio::time::sleep(Duration::from_secs(left + 1)).await;
+    }
+}
+
 /// Redis backend options with a per-call bound of `timeout`.
 pub fn redis_options(timeout: Duration) -> floodgate::backend::redis::RedisOptions {
     floodgate::backend::redis::RedisOptions {

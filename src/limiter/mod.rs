@@ -221,6 +221,8 @@ impl Limiter {
         request: &Request,
         deadline: Option<Instant>,
     ) -> Result<Response, LimitError> {
+        // The whole request's backend work, refunds included, ends here.
+        let budget_end = self.budget_end(Instant::now(), deadline);
         let rules = self.rules.load();
         let plans = self.plan(&rules, request);
         drop(rules);
@@ -262,7 +264,7 @@ impl Limiter {
                 .collect();
             let asked_at = Instant::now();
             let answer = self
-                .backend_call(deadline, self.backend.charge(&charges))
+                .backend_call(budget_end, self.backend.charge(&charges))
                 .await
                 .and_then(|results| {
                     if results.len() == charges.len() {
@@ -293,7 +295,9 @@ impl Limiter {
             }
         }
 
-        Ok(self.finish(&plans, statuses, outcomes, &fresh).await)
+        Ok(self
+            .finish(&plans, statuses, outcomes, &fresh, budget_end)
+            .await)
     }
 
     /// Resolves every descriptor to a plan, applying `replaces` across the request.
@@ -370,16 +374,20 @@ impl Limiter {
     }
 
     /// Runs one backend call under the backend timeout and the caller's deadline.
+    /// When backend work started at `start` must end: `backend_timeout` later, or the
+    /// caller's deadline if that comes first.
+    fn budget_end(&self, start: Instant, deadline: Option<Instant>) -> Instant {
+        let limit = start + self.options.backend_timeout;
+        deadline.map_or(limit, |deadline| limit.min(deadline))
+    }
+
+    /// Runs one backend call, ending at `limit`.
     async fn backend_call<T>(
         &self,
-        deadline: Option<Instant>,
+        limit: Instant,
         call: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
         let started = Instant::now();
-        let mut limit = started + self.options.backend_timeout;
-        if let Some(deadline) = deadline {
-            limit = limit.min(deadline);
-        }
         let result = match tokio::time::timeout_at(limit, call).await {
             Ok(result) => result,
             Err(_) => Err(BackendError::Timeout),
@@ -398,6 +406,7 @@ impl Limiter {
         mut statuses: Vec<Option<Status>>,
         outcomes: Vec<Option<Outcome>>,
         fresh: &[(usize, Instant)],
+        budget_end: Instant,
     ) -> Response {
         let mut over = false;
         let mut quota_total = 0usize;
@@ -462,7 +471,7 @@ impl Limiter {
             }
         }
         if !refunds.is_empty() {
-            self.refund(refunds).await;
+            self.refund(refunds, budget_end).await;
         }
 
         let overall = if over && !self.options.shadow_mode {
@@ -505,10 +514,10 @@ impl Limiter {
         Ok(())
     }
 
-    /// Undoes the bookings of an over-limit request. Runs as its own task: if the caller
-    /// gives up (a deadline, a reset stream), the refund still completes, bounded by the
-    /// backend timeout.
-    async fn refund(&self, refunds: Vec<Refund>) {
+    /// Undoes the bookings of an over-limit request. Runs as its own task, bounded by the
+    /// backend timeout: the answer waits for it only until the request's budget ends, and if
+    /// the caller gives up (a deadline, a reset stream) the refund still completes.
+    async fn refund(&self, refunds: Vec<Refund>, budget_end: Instant) {
         let backend = Arc::clone(&self.backend);
         let metrics = Arc::clone(&self.metrics);
         let timeout = self.options.backend_timeout;
@@ -523,7 +532,7 @@ impl Limiter {
                 tracing::warn!(%error, "refund failed; the over-limit request's bookings stand");
             }
         });
-        let _ = task.await;
+        let _ = tokio::time::timeout_at(budget_end, task).await;
     }
 }
 

@@ -48,8 +48,6 @@ if op == 'refund' then
   count = count - math.min(count, n)
   save()
   return {1, now}
-elseif op ~= 'charge' then
-  return redis.error_reply('ERR floodgate fixed_window: unknown op')
 end
 
 -- Roll into the current window. An older one (the clock went backwards) keeps counting

@@ -12,6 +12,9 @@ local L = tonumber(ARGV[4])
 local B = tonumber(ARGV[5])
 local consume = ARGV[6] == '1'
 local lockout = tonumber(ARGV[7])
+if op ~= 'charge' and op ~= 'refund' then
+  return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': unknown op')
+end
 if not (n and W and L and B and lockout) or n < 0 or W < 1 or L < 1 or B < 1 or lockout < 0 then
   return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': bad arguments')
 end

@@ -122,8 +122,6 @@ if op == 'refund' then
   redis.call('ZREMRANGEBYSCORE', key, 0, horizon)
   save()
   return {1, now}
-elseif op ~= 'charge' then
-  return redis.error_reply('ERR floodgate sliding_log: unknown op')
 end
 
 -- Returns allowed, remaining, reset_ms, booked. A denial never books (see ARGV[6]).

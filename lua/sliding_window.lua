@@ -65,8 +65,6 @@ if op == 'refund' then
   end
   save()
   return {1, now}
-elseif op ~= 'charge' then
-  return redis.error_reply('ERR floodgate sliding_window: unknown op')
 end
 
 -- The remaining count after booking k, or nil when k does not fit. Testing c + k <= L

@@ -68,8 +68,6 @@ if op == 'refund' then
   updated = now
   save()
   return {1, now}
-elseif op ~= 'charge' then
-  return redis.error_reply('ERR floodgate token_bucket: unknown op')
 end
 
 -- Returns allowed, remaining, reset_ms, booked. Comparisons are written as u0 <= C - n*U so

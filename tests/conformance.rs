@@ -15,9 +15,7 @@ use std::time::Duration;
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::algorithm::Bucket;
 use floodgate::backend::memory::{ManualClock, MemoryBackend};
-use floodgate::backend::{
-    Backend, BucketKey, Charge, ClusterBackend, Outcome, RedisBackend, RedisOptions, Refund,
-};
+use floodgate::backend::{Backend, BucketKey, Charge, Outcome, RedisBackend, RedisOptions, Refund};
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 
 const ALGORITHMS: [Algorithm; 4] = [
@@ -216,12 +214,8 @@ async fn redis_decides_exactly_as_the_algorithms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_decides_exactly_as_the_algorithms() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .unwrap();
-    let backend = ClusterBackend::connect(&cluster.urls(), RedisOptions::default())
-        .await
-        .unwrap();
+    let cluster = RedisCluster::start_async().await;
+    let backend = cluster.backend().await;
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     let mut conn = client.get_connection().unwrap();
     let scripts = floodgate::backend::scripts::ScriptSet::new();

@@ -9,7 +9,7 @@ mod common;
 
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::backend::scripts::{ScriptSet, source};
-use floodgate::backend::{Backend, BucketKey, Charge, ClusterBackend, RedisOptions};
+use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions};
 use floodgate::rules::{Algorithm, Policy, Unit};
 use redis::{Commands, Connection};
 
@@ -487,12 +487,8 @@ fn scripts_use_no_float_replies_or_undeclared_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_values_get_distinct_keys_spread_over_the_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .unwrap();
-    let backend = ClusterBackend::connect(&cluster.urls(), RedisOptions::default())
-        .await
-        .unwrap();
+    let cluster = RedisCluster::start_async().await;
+    let backend = cluster.backend().await;
     let long = "v".repeat(4096);
     let mut values: Vec<String> = vec![
         "{".into(),

@@ -38,9 +38,7 @@ fn charge(policy: Policy, value: &str, cost: u64) -> Charge {
 }
 
 async fn cluster() -> RedisCluster {
-    tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .unwrap()
+    RedisCluster::start_async().await
 }
 
 /// What every backend must do, whatever its topology.

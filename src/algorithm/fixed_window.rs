@@ -95,18 +95,11 @@ impl Counter for FixedWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::test_params::minute as params;
 
-    const W: i64 = 60_000;
+    use crate::algorithm::test_params::W;
     /// 12.3 s into some minute, as in SPEC 3's vector.
     const START: i64 = 1_700_000_040_000 + 12_300;
-
-    fn params(limit: u64) -> Params {
-        Params {
-            window_ms: W,
-            limit,
-            burst: limit,
-        }
-    }
 
     fn seconds(verdict: Verdict) -> u64 {
         verdict.reset_ms.div_ceil(1000)

@@ -180,6 +180,24 @@ impl Verdict {
     }
 }
 
+/// Shared fixture of the algorithms' unit tests.
+#[cfg(test)]
+pub(crate) mod test_params {
+    use super::Params;
+
+    /// A one-minute window.
+    pub const W: i64 = 60_000;
+
+    /// `L = limit` per minute, burst `limit`.
+    pub fn minute(limit: u64) -> Params {
+        Params {
+            window_ms: W,
+            limit,
+            burst: limit,
+        }
+    }
+}
+
 /// `ceil(a / b)` for non-negative `a` and positive `b`.
 pub fn div_ceil(a: i128, b: i128) -> i128 {
     debug_assert!(a >= 0 && b > 0);

@@ -183,17 +183,10 @@ impl Counter for SlidingLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::test_params::minute as params;
 
-    const W: i64 = 60_000;
+    use crate::algorithm::test_params::W;
     const NOW: i64 = 1_700_000_000_000;
-
-    fn params(limit: u64) -> Params {
-        Params {
-            window_ms: W,
-            limit,
-            burst: limit,
-        }
-    }
 
     #[test]
     fn admits_up_to_the_limit_then_waits_for_the_oldest() {

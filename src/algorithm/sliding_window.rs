@@ -168,18 +168,11 @@ impl Counter for SlidingWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::test_params::minute as params;
 
-    const W: i64 = 60_000;
+    use crate::algorithm::test_params::W;
     /// Start of some window.
     const BASE: i64 = 1_700_000_040_000;
-
-    fn params(limit: u64) -> Params {
-        Params {
-            window_ms: W,
-            limit,
-            burst: limit,
-        }
-    }
 
     /// p = 8 from the previous window, c = 3 in the current one (which starts at BASE).
     fn p8_c3() -> SlidingWindow {

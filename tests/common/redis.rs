@@ -203,6 +203,20 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// Starts a cluster from async code (forming it blocks for a few seconds).
+    pub async fn start_async() -> RedisCluster {
+        tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .expect("cluster start")
+    }
+
+    /// A `ClusterBackend` on this cluster with default options.
+    pub async fn backend(&self) -> floodgate::backend::ClusterBackend {
+        floodgate::backend::ClusterBackend::connect(&self.urls(), Default::default())
+            .await
+            .expect("cluster backend connects")
+    }
+
     /// Starts six cluster-enabled nodes, forms the cluster with `redis-cli --cluster create`
     /// and waits until every node reports `cluster_state:ok` and every replica is in sync.
     pub fn start() -> RedisCluster {

@@ -156,6 +156,7 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
                 reset_ms: verdict.reset_ms,
                 now_ms: redis.now_ms,
                 booked: verdict.booked,
+                rolled_back: false,
             };
             history.push(format!(
                 "{step}: n={} {:?} -> {redis:?}",

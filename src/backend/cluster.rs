@@ -12,6 +12,7 @@
 //! through failovers without failing every call in flight.
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -22,7 +23,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::redis::{RedisOptions, Secrets, config_error};
 use super::scripts::{self, Call, ScriptSet, Via};
-use super::{Backend, BackendError, Charge, Outcome, Refund};
+use super::{Backend, BackendError, Group, Outcome, Refund, undoable};
 
 /// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
 /// timeout bounds them all the same.
@@ -32,7 +33,11 @@ const CLIENT_RETRIES: u32 = 3;
 const MIN_RETRY_WAIT_MS: u64 = 10;
 
 /// Rate limits in a Redis Cluster (SPEC 4 `redis-cluster`).
-pub struct ClusterBackend {
+pub struct ClusterBackend(Arc<Cluster>);
+
+/// The cluster connection and what every call needs; shared with undo tasks that must
+/// finish even when their caller gives up.
+struct Cluster {
     conn: ClusterConnection,
     scripts: ScriptSet,
     options: RedisOptions,
@@ -43,7 +48,7 @@ impl fmt::Debug for ClusterBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterBackend")
             .field("urls", &"***")
-            .field("options", &self.options)
+            .field("options", &self.0.options)
             .finish_non_exhaustive()
     }
 }
@@ -90,7 +95,7 @@ impl ClusterBackend {
             Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
         };
-        let backend = ClusterBackend {
+        let backend = Cluster {
             conn,
             scripts: ScriptSet::new(),
             options,
@@ -109,9 +114,11 @@ impl ClusterBackend {
                 break;
             }
         }
-        Ok(backend)
+        Ok(ClusterBackend(Arc::new(backend)))
     }
+}
 
+impl Cluster {
     async fn bounded<T>(
         &self,
         deadline: Instant,
@@ -148,18 +155,66 @@ impl ClusterBackend {
             .into_iter()
             .collect()
     }
-}
 
-#[async_trait]
-impl Backend for ClusterBackend {
-    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
+    /// Charges every item concurrently (its buckets live in different slots), then undoes
+    /// the undoable bookings of a rejected request, or of a failed one unless
+    /// `keep_on_failure`.
+    async fn decide(self: &Arc<Self>, group: &Group) -> Result<Vec<Outcome>, BackendError> {
         let prefix = &self.options.key_prefix;
-        let calls: Vec<Call> = charges.iter().map(|c| Call::charge(c, prefix)).collect();
-        self.run_all(&calls)
-            .await?
-            .into_iter()
-            .map(|v| scripts::outcome(v).map_err(|e| self.secrets.scrub(e)))
-            .collect()
+        let deadline = Instant::now() + self.options.timeout;
+        let results = join_all(group.items.iter().map(|item| async move {
+            let value = self
+                .run(&Call::charge(&item.charge, prefix), deadline)
+                .await?;
+            scripts::outcome(value).map_err(|e| self.secrets.scrub(e))
+        }))
+        .await;
+        let failure = results.iter().find_map(|r| r.as_ref().err()).cloned();
+        let undo_all = match &failure {
+            Some(_) => !group.keep_on_failure,
+            None => {
+                let outcomes: Vec<Outcome> = results.iter().flatten().copied().collect();
+                group.rejects(&outcomes)
+            }
+        };
+        let mut outcomes = Vec::with_capacity(results.len());
+        let mut undo = Vec::new();
+        for (item, result) in group.items.iter().zip(results) {
+            let Ok(mut outcome) = result else { continue };
+            if undo_all && undoable(item, &outcome) {
+                undo.push(Refund {
+                    bucket: item.charge.bucket,
+                    policy: item.charge.policy,
+                    cost: item.charge.cost,
+                    booked_at_ms: outcome.now_ms,
+                });
+                outcome.booked = false;
+                outcome.rolled_back = true;
+            }
+            outcomes.push(outcome);
+        }
+        if !undo.is_empty() {
+            self.undo(undo).await;
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(outcomes),
+        }
+    }
+
+    /// Refunds bookings of a request that ended rejected, in a task of its own so that it
+    /// completes even when the caller stops waiting. A refund that fails leaves its booking
+    /// (the request was rejected all the same): counted by the caller as a backend error.
+    async fn undo(self: &Arc<Self>, refunds: Vec<Refund>) {
+        let cluster = Arc::clone(self);
+        let task = tokio::spawn(async move { cluster.refund(&refunds).await });
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "refund failed; a rejected request's bookings stand");
+            }
+            Err(error) => tracing::warn!(%error, "refund task failed"),
+        }
     }
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
@@ -170,12 +225,25 @@ impl Backend for ClusterBackend {
         }
         Ok(())
     }
+}
+
+#[async_trait]
+impl Backend for ClusterBackend {
+    async fn decide(&self, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+        self.0.decide(group).await
+    }
+
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
+        self.0.refund(refunds).await
+    }
 
     /// PING goes to every master: the cluster is ready only when all of them answer.
     async fn ping(&self) -> Result<(), BackendError> {
-        let deadline = Instant::now() + self.options.timeout;
-        let mut conn = self.conn.clone();
-        self.bounded(deadline, redis::cmd("PING").query_async::<Value>(&mut conn))
+        let cluster = &self.0;
+        let deadline = Instant::now() + cluster.options.timeout;
+        let mut conn = cluster.conn.clone();
+        cluster
+            .bounded(deadline, redis::cmd("PING").query_async::<Value>(&mut conn))
             .await
             .map(|_| ())
     }

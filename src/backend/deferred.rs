@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Backend, BackendError, Charge, Outcome, Refund};
+use super::{Backend, BackendError, Group, Outcome, Refund};
 
 /// Pause before the first retry; each failure doubles it.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -67,8 +67,8 @@ impl Deferred {
 
 #[async_trait]
 impl Backend for Deferred {
-    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
-        self.backend()?.charge(charges).await
+    async fn decide(&self, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+        self.backend()?.decide(group).await
     }
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {

@@ -30,9 +30,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
-use super::{Backend, BackendError, BucketKey, Charge, Outcome, Refund};
+use super::{Backend, BackendError, BucketKey, Group, Outcome, Refund, undoable};
 use crate::algorithm::Bucket;
 use crate::rules::Policy;
 
@@ -191,26 +191,68 @@ impl MemoryBackend {
         self.shards.iter().map(|s| s.0.lock().evictions).sum()
     }
 
-    fn shard(&self, key: &BucketKey) -> &Mutex<Shard> {
+    fn shard_index(key: &BucketKey) -> usize {
         let bytes = key.as_bytes();
         let mut high = [0u8; 8];
         high.copy_from_slice(&bytes[8..]);
-        &self.shards[(u64::from_le_bytes(high) % SHARDS as u64) as usize].0
+        (u64::from_le_bytes(high) % SHARDS as u64) as usize
     }
 
-    fn charge_one(&self, charge: &Charge) -> Outcome {
-        let mut shard = self.shard(&charge.bucket).lock();
-        // Read under the lock, as the Lua scripts read TIME inside the atomic script: one
+    fn shard(&self, key: &BucketKey) -> &Mutex<Shard> {
+        &self.shards[Self::shard_index(key)].0
+    }
+
+    /// Decides a request's items under the locks of all their shards (taken in shard order,
+    /// so two requests never wait on each other crosswise): no other request sees a booking
+    /// that is then undone because this request ends rejected.
+    fn decide_group(&self, group: &Group) -> Vec<Outcome> {
+        let mut wanted: Vec<usize> = group
+            .items
+            .iter()
+            .map(|item| Self::shard_index(&item.charge.bucket))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut locked: Vec<(usize, MutexGuard<'_, Shard>)> = wanted
+            .into_iter()
+            .map(|at| (at, self.shards[at].0.lock()))
+            .collect();
+        // Read under the locks, as the Lua scripts read TIME inside the atomic script: one
         // bucket then sees its decisions in clock order.
         let now_ms = self.clock.now_ms();
-        let verdict = shard.decide(charge.bucket, &charge.policy, now_ms, charge.cost);
-        Outcome {
-            allowed: verdict.allowed,
-            remaining: verdict.remaining,
-            reset_ms: verdict.reset_ms,
-            now_ms,
-            booked: verdict.booked,
+        let mut outcomes: Vec<Outcome> = group
+            .items
+            .iter()
+            .map(|item| {
+                let charge = &item.charge;
+                let shard = locked_shard(&mut locked, &charge.bucket);
+                let verdict = shard.decide(charge.bucket, &charge.policy, now_ms, charge.cost);
+                Outcome {
+                    allowed: verdict.allowed,
+                    remaining: verdict.remaining,
+                    reset_ms: verdict.reset_ms,
+                    now_ms,
+                    booked: verdict.booked,
+                    rolled_back: false,
+                }
+            })
+            .collect();
+        if group.rejects(&outcomes) {
+            for (item, outcome) in group.items.iter().zip(&mut outcomes) {
+                if undoable(item, outcome) {
+                    let refund = Refund {
+                        bucket: item.charge.bucket,
+                        policy: item.charge.policy,
+                        cost: item.charge.cost,
+                        booked_at_ms: now_ms,
+                    };
+                    locked_shard(&mut locked, &refund.bucket).refund(&refund, now_ms);
+                    outcome.booked = false;
+                    outcome.rolled_back = true;
+                }
+            }
         }
+        outcomes
     }
 
     fn refund_one(&self, refund: &Refund) {
@@ -218,6 +260,19 @@ impl MemoryBackend {
         let now_ms = self.clock.now_ms();
         shard.refund(refund, now_ms);
     }
+}
+
+/// The locked shard that holds `key`, among the shards a request locked.
+fn locked_shard<'a>(
+    locked: &'a mut [(usize, MutexGuard<'_, Shard>)],
+    key: &BucketKey,
+) -> &'a mut Shard {
+    let at = MemoryBackend::shard_index(key);
+    let (_, shard) = locked
+        .iter_mut()
+        .find(|(index, _)| *index == at)
+        .expect("every item's shard is locked");
+    shard
 }
 
 impl Shard {
@@ -338,8 +393,8 @@ impl Shard {
 
 #[async_trait]
 impl Backend for MemoryBackend {
-    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
-        Ok(charges.iter().map(|c| self.charge_one(c)).collect())
+    async fn decide(&self, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+        Ok(self.decide_group(group))
     }
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
@@ -359,6 +414,7 @@ impl Backend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Charge;
     use crate::rules::{Algorithm, OnOverLimit, Unit};
     use std::time::Duration;
 

@@ -43,8 +43,12 @@ pub struct Outcome {
     pub reset_ms: u64,
     /// The backend's clock when it decided; a refund names it to undo exactly this booking.
     pub now_ms: i64,
-    /// Whether this charge changed the bucket (a refund only makes sense when it did).
+    /// Whether this charge changed the bucket and the change stands (a refund only makes
+    /// sense when it did).
     pub booked: bool,
+    /// Whether the charge fitted and was booked, but its request was rejected overall, so
+    /// the booking was undone (atomically where the backend allows it, else by a refund).
+    pub rolled_back: bool,
 }
 
 /// Undo of one earlier booking of `cost` made at `booked_at_ms`.
@@ -61,7 +65,7 @@ pub struct Refund {
 }
 
 /// Why a backend could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
     /// The backend did not answer within its time budget.
     #[error("backend timed out")]
@@ -93,14 +97,129 @@ impl BackendError {
     }
 }
 
+/// How one charge's verdict weighs in its request's overall code (docs/requests.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Weight {
+    /// A `quota_mode` rule: the request is rejected only when every quota rule denies.
+    pub quota: bool,
+    /// A `shadow_mode` rule: its denial is reported as OK and never rejects the request.
+    pub shadow: bool,
+}
+
+/// The running verdict of one request: whether what is decided so far rejects it. The one
+/// definition of the overall code, shared by the limiter and the backends (and mirrored in
+/// `lua/batch.lua`), so a backend undoes exactly the bookings of requests the limiter rejects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// A non-quota rule denied.
+    pub over: bool,
+    /// Quota rules seen.
+    pub quota_total: u32,
+    /// Quota rules that denied.
+    pub quota_over: u32,
+}
+
+impl Tally {
+    /// Counts one verdict.
+    pub fn add(&mut self, weight: Weight, allowed: bool) {
+        let denied = !allowed && !weight.shadow;
+        if weight.quota {
+            self.quota_total += 1;
+            self.quota_over += u32::from(denied);
+        } else {
+            self.over |= denied;
+        }
+    }
+
+    /// Whether the request is over limit: a non-quota rule denied, or every quota rule did.
+    pub fn rejects(&self) -> bool {
+        self.over || (self.quota_total > 0 && self.quota_over == self.quota_total)
+    }
+}
+
+/// One charge of a request and how its verdict weighs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// The bucket, policy and cost.
+    pub charge: Charge,
+    /// How its verdict counts toward the overall code.
+    pub weight: Weight,
+}
+
+/// The charges of one request, decided all-or-nothing: when the request ends over limit,
+/// none of its `reject`-mode bookings stand.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Group {
+    /// The charges, in request order.
+    pub items: Vec<Item>,
+    /// Verdicts of the request decided without the backend (`L = 0`, the local cache).
+    pub prior: Tally,
+    /// The request is admitted whatever its verdicts (global shadow mode): nothing is undone.
+    pub admit: bool,
+    /// On a partial failure, keep the bookings that succeeded (failure mode `allow` admits
+    /// the request); otherwise they are undone before the error is returned.
+    pub keep_on_failure: bool,
+}
+
+impl Group {
+    /// Independent charges: each booking stands whatever the others decide.
+    pub fn independent(charges: &[Charge]) -> Group {
+        Group {
+            items: charges
+                .iter()
+                .map(|charge| Item {
+                    charge: charge.clone(),
+                    weight: Weight::default(),
+                })
+                .collect(),
+            admit: true,
+            keep_on_failure: true,
+            ..Group::default()
+        }
+    }
+
+    /// Whether the request is rejected given `outcomes` of its items (in order).
+    pub fn rejects(&self, outcomes: &[Outcome]) -> bool {
+        if self.admit {
+            return false;
+        }
+        let mut tally = self.prior;
+        for (item, outcome) in self.items.iter().zip(outcomes) {
+            tally.add(item.weight, outcome.allowed);
+        }
+        tally.rejects()
+    }
+}
+
+/// Whether a booking of `item` must be undone when its request is rejected: it fitted and
+/// booked under `reject` (a `consume` rule books whatever the verdict).
+pub fn undoable(item: &Item, outcome: &Outcome) -> bool {
+    outcome.allowed
+        && outcome.booked
+        && item.charge.cost > 0
+        && item.charge.policy.on_over_limit == crate::rules::OnOverLimit::Reject
+}
+
 /// A place that keeps buckets and decides charges atomically per bucket.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
-    /// Applies every charge (each atomically) and returns one outcome per charge, in order.
+    /// Decides every item of one request in order and returns one outcome per item. When
+    /// the request ends rejected (`Group::rejects`), every undoable booking is undone and
+    /// marked `rolled_back`: inside one atomic step where the backend allows it (memory, one
+    /// Redis node), else by refunds.
     ///
     /// # Errors
-    /// Any failure fails the whole batch: the limiter then applies the failure mode.
-    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError>;
+    /// Any failure fails the whole group (after undoing its bookings unless
+    /// `keep_on_failure`): the limiter then applies the failure mode.
+    async fn decide(&self, group: &Group) -> Result<Vec<Outcome>, BackendError>;
+
+    /// Applies independent charges, each booking standing on its own.
+    ///
+    /// # Errors
+    /// As for `decide`.
+    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
+        self.decide(&Group::independent(charges)).await
+    }
 
     /// Undoes earlier bookings; used when a request is over limit overall.
     ///

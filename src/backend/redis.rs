@@ -14,22 +14,30 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, IntoConnectionInfo, RedisError, Value};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
-use super::scripts::{self, Call, ScriptSet, Via};
-use super::{Backend, BackendError, Charge, Outcome, Refund};
+use super::scripts::{self, BatchCall, Call, ScriptSet, Via};
+use super::{Backend, BackendError, Group, Outcome, Refund};
+use batch::Job;
+
+mod batch;
 
 /// Default number of connections (sockets) to one Redis node. Calls share sockets, and fewer
 /// sockets batch more commands per write: on 2 cores 2 sockets gave ~92% of
 /// `redis-benchmark -P 16` at 16 in flight, 16 sockets ~69% (`examples/redis_load.rs`).
 pub const DEFAULT_POOL_SIZE: u32 = 2;
+/// How long a connection may deliver no reply at all, while its calls time out, before it
+/// is retired as stalled (a slow command alone never retires it).
+const STALLED_AFTER: Duration = Duration::from_secs(2);
 /// Default bound on one backend call, the `--backend-timeout-ms` default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default key prefix, the `--key-prefix` default.
@@ -152,10 +160,44 @@ impl Secrets {
     }
 }
 
-/// A pooled connection and whether it has been seen failing.
+/// A pooled connection and how it has been doing.
 struct Link {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    health: Arc<LinkHealth>,
+}
+
+/// Whether a connection failed, and when it last answered.
+#[derive(Default)]
+struct LinkHealth {
+    broken: AtomicBool,
+    /// When the connection last delivered a reply, in ms since `EPOCH`.
+    answered_ms: AtomicU64,
+}
+
+/// The clock `LinkHealth` counts from.
+static EPOCH: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+
+fn since_epoch_ms() -> u64 {
+    EPOCH.elapsed().as_millis() as u64
+}
+
+impl LinkHealth {
+    fn answered(&self) {
+        self.answered_ms.store(since_epoch_ms(), Ordering::Relaxed);
+    }
+
+    /// A slow reply fails only its own call: the connection is retired only when it has
+    /// delivered nothing for `STALLED_AFTER` (a stalled socket, not a slow command).
+    fn timed_out(&self) {
+        let silent = since_epoch_ms().saturating_sub(self.answered_ms.load(Ordering::Relaxed));
+        if silent >= STALLED_AFTER.as_millis() as u64 {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
 }
 
 /// Opens multiplexed connections and tells bb8 which ones failed.
@@ -178,15 +220,17 @@ impl bb8::ManageConnection for LinkManager {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await;
         *self.last_error.lock() = result.as_ref().err().cloned();
+        let health = Arc::new(LinkHealth::default());
+        health.answered();
         Ok(Link {
             conn: result?,
-            broken: Arc::default(),
+            health,
         })
     }
 
     // The flag, not a PING: a checkout costs no round trip.
     async fn is_valid(&self, link: &mut Link) -> Result<(), RedisError> {
-        if link.broken.load(Ordering::Relaxed) {
+        if link.health.is_broken() {
             return Err(RedisError::from((
                 ErrorKind::Io,
                 "connection failed earlier",
@@ -196,7 +240,7 @@ impl bb8::ManageConnection for LinkManager {
     }
 
     fn has_broken(&self, link: &mut Link) -> bool {
-        link.broken.load(Ordering::Relaxed)
+        link.health.is_broken()
     }
 }
 
@@ -219,16 +263,12 @@ impl bb8::ErrorSink<RedisError> for ConnectErrorLog {
 /// A connection borrowed for one call; marks the pooled connection broken on failure.
 struct Borrowed {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    health: Arc<LinkHealth>,
 }
 
 impl Borrowed {
-    fn mark_broken(&self) {
-        self.broken.store(true, Ordering::Relaxed);
-    }
-
-    /// Runs `pipe` until `deadline`, flagging the connection on transport errors and
-    /// timeouts (a stalled socket would otherwise stall every later call).
+    /// Runs `pipe` until `deadline`. Transport errors retire the connection; a timeout
+    /// fails this call only, unless the connection has gone silent (see `LinkHealth`).
     async fn query(
         &mut self,
         pipe: &redis::Pipeline,
@@ -236,22 +276,32 @@ impl Borrowed {
     ) -> Result<Vec<Value>, BackendError> {
         match timeout_at(deadline, pipe.query_async::<Vec<Value>>(&mut self.conn)).await {
             Err(_) => {
-                self.mark_broken();
+                self.health.timed_out();
                 Err(BackendError::Timeout)
             }
             Ok(Err(e)) => {
                 if e.is_io_error() || e.is_unrecoverable_error() {
-                    self.mark_broken();
+                    self.health.broken.store(true, Ordering::Relaxed);
                 }
                 Err(scripts::classify(&e))
             }
-            Ok(Ok(values)) => Ok(values),
+            Ok(Ok(values)) => {
+                self.health.answered();
+                Ok(values)
+            }
         }
     }
 }
 
 /// Rate limits in one Redis node (SPEC 4 `redis`).
 pub struct RedisBackend {
+    node: Arc<Node>,
+    /// Requests waiting for the batcher (see `batch`).
+    queue: mpsc::UnboundedSender<Job>,
+}
+
+/// The connection pool and what every call to the node needs.
+struct Node {
     pool: bb8::Pool<LinkManager>,
     last_connect_error: Arc<parking_lot::Mutex<Option<RedisError>>>,
     scripts: ScriptSet,
@@ -263,7 +313,7 @@ impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &"***")
-            .field("options", &self.options)
+            .field("options", &self.node.options)
             .finish_non_exhaustive()
     }
 }
@@ -320,17 +370,21 @@ impl RedisBackend {
             .build_unchecked(manager);
         // The pool may already have opened its own; then this one is simply closed.
         let _ = pool.add(first);
-        let backend = RedisBackend {
+        let node = Arc::new(Node {
             pool,
             last_connect_error,
             scripts: ScriptSet::new(),
             options,
             secrets,
-        };
-        backend.preload_scripts().await;
-        Ok(backend)
+        });
+        node.preload_scripts().await;
+        let (queue, jobs) = mpsc::unbounded_channel();
+        tokio::spawn(batch::run(Arc::clone(&node), jobs));
+        Ok(RedisBackend { node, queue })
     }
+}
 
+impl Node {
     /// Loads the scripts so that the first calls need no `EVAL` fallback. Best effort: a
     /// failure (say, an ACL that allows `EVALSHA` but not `SCRIPT`) only costs that fallback.
     async fn preload_scripts(&self) {
@@ -356,7 +410,7 @@ impl RedisBackend {
             Ok(Ok(link)) => {
                 return Ok(Borrowed {
                     conn: link.conn.clone(),
-                    broken: link.broken.clone(),
+                    health: Arc::clone(&link.health),
                 });
             }
             Ok(Err(bb8::RunError::User(e))) => scripts::classify(&e),
@@ -429,39 +483,53 @@ impl RedisBackend {
 
 #[async_trait]
 impl Backend for RedisBackend {
-    async fn charge(&self, charges: &[Charge]) -> Result<Vec<Outcome>, BackendError> {
-        if charges.is_empty() {
+    /// Joins the next batch script call (see `batch`): the whole group in one atomic step.
+    async fn decide(&self, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+        if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let prefix = &self.options.key_prefix;
-        let calls: Vec<Call> = charges.iter().map(|c| Call::charge(c, prefix)).collect();
-        let values = self.run(&calls).await?;
-        values
-            .into_iter()
-            .map(|v| scripts::outcome(v).map_err(|e| self.secrets.scrub(e)))
-            .collect()
+        let (reply, outcomes) = oneshot::channel();
+        let job = Job {
+            call: {
+                let mut call = BatchCall::default();
+                call.push(group, &self.node.options.key_prefix);
+                call
+            },
+            deadline: Instant::now() + self.node.options.timeout,
+            reply,
+        };
+        self.queue
+            .send(job)
+            .map_err(|_| BackendError::Unavailable("the Redis batcher stopped".into()))?;
+        outcomes.await.unwrap_or_else(|_| {
+            Err(BackendError::Unavailable(
+                "the Redis batcher stopped".into(),
+            ))
+        })
     }
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
         if refunds.is_empty() {
             return Ok(());
         }
-        let prefix = &self.options.key_prefix;
+        let node = &self.node;
+        let prefix = &node.options.key_prefix;
         let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
-        for value in self.run(&calls).await? {
-            scripts::refunded(value).map_err(|e| self.secrets.scrub(e))?;
+        for value in node.run(&calls).await? {
+            scripts::refunded(value).map_err(|e| node.secrets.scrub(e))?;
         }
         Ok(())
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
-        let deadline = Instant::now() + self.options.timeout;
-        let mut conn = self.borrow(deadline).await?;
+        let node = &self.node;
+        let deadline = Instant::now() + node.options.timeout;
+        let mut conn = node.borrow(deadline).await?;
         let mut pipe = redis::pipe();
         pipe.add_command(redis::cmd("PING"));
         conn.query(&pipe, deadline)
             .await
-            .map_err(|e| self.secrets.scrub(e))?;
+            .map_err(|e| node.secrets.scrub(e))?;
         Ok(())
     }
 

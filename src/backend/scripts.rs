@@ -9,7 +9,7 @@
 
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::{BackendError, Charge, Outcome, Refund};
+use super::{BackendError, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
 /// One loadable script: its name, the shared head (arguments, clock, integer helpers), the
@@ -28,6 +28,30 @@ macro_rules! script {
     };
 }
 
+/// One algorithm script wrapped as entry `$index` of the batch script's ALGORITHMS table.
+macro_rules! batch_entry {
+    ($index:literal, $name:literal) => {
+        concat!(
+            "ALGORITHMS[",
+            $index,
+            "] = function(KEYS, ARGV)\n",
+            script!($name),
+            "\nend\n",
+        )
+    };
+}
+
+/// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
+/// `ALGORITHMS` below.
+const BATCH: &str = concat!(
+    "local ALGORITHMS = {}\n",
+    batch_entry!("1", "fixed_window"),
+    batch_entry!("2", "token_bucket"),
+    batch_entry!("3", "sliding_window"),
+    batch_entry!("4", "sliding_log"),
+    include_str!("../../lua/batch.lua"),
+);
+
 const FIXED_WINDOW: &str = script!("fixed_window");
 const TOKEN_BUCKET: &str = script!("token_bucket");
 const SLIDING_WINDOW: &str = script!("sliding_window");
@@ -39,6 +63,15 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
     Algorithm::SlidingLog,
 ];
+
+/// The batch script's number for `algorithm` (its index in `ALGORITHMS`, from 1).
+fn batch_index(algorithm: Algorithm) -> usize {
+    ALGORITHMS
+        .iter()
+        .position(|&a| a == algorithm)
+        .expect("every algorithm is listed")
+        + 1
+}
 
 /// The source of the script that runs `algorithm`.
 pub fn source(algorithm: Algorithm) -> &'static str {
@@ -57,6 +90,7 @@ pub struct ScriptSet {
     token_bucket: redis::Script,
     sliding_window: redis::Script,
     sliding_log: redis::Script,
+    batch: redis::Script,
 }
 
 impl Default for ScriptSet {
@@ -74,7 +108,13 @@ impl ScriptSet {
             token_bucket: script(Algorithm::TokenBucket),
             sliding_window: script(Algorithm::SlidingWindow),
             sliding_log: script(Algorithm::SlidingLog),
+            batch: redis::Script::new(BATCH),
         }
+    }
+
+    /// The script that decides many requests' items at once (lua/batch.lua).
+    pub fn batch(&self) -> &redis::Script {
+        &self.batch
     }
 
     /// The script that runs `algorithm`.
@@ -89,11 +129,15 @@ impl ScriptSet {
 
     /// `SCRIPT LOAD` of every script (a cluster client sends it to every node).
     pub(crate) fn load_commands() -> impl Iterator<Item = Cmd> {
-        ALGORITHMS.into_iter().map(|algorithm| {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(source(algorithm));
-            cmd
-        })
+        ALGORITHMS
+            .into_iter()
+            .map(source)
+            .chain([BATCH])
+            .map(|source| {
+                let mut cmd = redis::cmd("SCRIPT");
+                cmd.arg("LOAD").arg(source);
+                cmd
+            })
     }
 }
 
@@ -170,6 +214,108 @@ impl Call {
     }
 }
 
+/// One batch script call: the groups of several requests, each decided all-or-nothing.
+#[derive(Debug, Default)]
+pub(crate) struct BatchCall {
+    keys: Vec<String>,
+    argv: Vec<u64>,
+    groups: u64,
+}
+
+impl BatchCall {
+    /// Adds one request's group; its items' keys carry `prefix`.
+    pub(crate) fn push(&mut self, group: &Group, prefix: &str) {
+        self.groups += 1;
+        let prior = &group.prior;
+        self.argv.extend([
+            u64::from(group.admit),
+            u64::from(prior.over),
+            u64::from(prior.quota_total),
+            u64::from(prior.quota_over),
+            group.items.len() as u64,
+        ]);
+        for item in &group.items {
+            let (charge, policy) = (&item.charge, &item.charge.policy);
+            self.keys.push(charge.bucket.redis_key(prefix));
+            self.argv.extend([
+                batch_index(policy.algorithm) as u64,
+                u64::from(item.weight.quota),
+                u64::from(item.weight.shadow),
+                charge.cost,
+                policy.window_ms(),
+                u64::from(policy.requests_per_unit),
+                u64::from(policy.burst),
+                u64::from(policy.on_over_limit == OnOverLimit::Consume),
+                policy.lockout_ms(),
+            ]);
+        }
+    }
+
+    /// Adds every group of `other`.
+    pub(crate) fn append(&mut self, other: &BatchCall) {
+        self.keys.extend_from_slice(&other.keys);
+        self.argv.extend_from_slice(&other.argv);
+        self.groups += other.groups;
+    }
+
+    /// Items in the call.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The command: `EVALSHA sha numkeys keys... G argv...` (or `EVAL` with the source).
+    pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
+        let mut cmd = match via {
+            Via::Sha => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(scripts.batch().get_hash());
+                cmd
+            }
+            Via::Source => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(BATCH);
+                cmd
+            }
+        };
+        cmd.arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(self.groups)
+            .arg(&self.argv);
+        cmd
+    }
+}
+
+/// Reads a batch reply: 6 integers per item (see lua/batch.lua), `items` items.
+pub(crate) fn batch_outcomes(value: Value, items: usize) -> Result<Vec<Outcome>, BackendError> {
+    let values = match value {
+        Value::Array(values) if values.len() == items * 6 => values,
+        Value::ServerError(e) => return Err(server_error(&RedisError::from(e))),
+        other => {
+            return Err(BackendError::Failed(format!(
+                "unexpected batch reply for {items} items: {other:?}"
+            )));
+        }
+    };
+    let mut values = values.into_iter();
+    (0..items)
+        .map(|_| {
+            let reply: Vec<Value> = values.by_ref().take(6).collect();
+            let [allowed, remaining, reset_ms, now_ms, booked, rolled_back] =
+                integers::<6>(Value::Array(reply))?;
+            let mut outcome = outcome_of([allowed, remaining, reset_ms, now_ms, booked])?;
+            outcome.rolled_back = match rolled_back {
+                0 | 1 => rolled_back == 1,
+                other => {
+                    return Err(BackendError::Failed(format!(
+                        "batch reply out of range: rolled_back {other}"
+                    )));
+                }
+            };
+            Ok(outcome)
+        })
+        .collect()
+}
+
 /// Whether a reply says that the node does not know the script.
 pub(crate) fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
@@ -182,7 +328,11 @@ pub(crate) fn is_noscript_error(err: &RedisError) -> bool {
 
 /// Reads a charge reply `{allowed, remaining, reset_ms, now_ms, booked}`.
 pub(crate) fn outcome(value: Value) -> Result<Outcome, BackendError> {
-    match integers::<5>(value)? {
+    outcome_of(integers::<5>(value)?)
+}
+
+fn outcome_of(reply: [i64; 5]) -> Result<Outcome, BackendError> {
+    match reply {
         [
             allowed @ 0..=1,
             remaining @ 0..=i64::MAX,
@@ -195,6 +345,7 @@ pub(crate) fn outcome(value: Value) -> Result<Outcome, BackendError> {
             reset_ms: reset_ms as u64,
             now_ms,
             booked: booked == 1,
+            rolled_back: false,
         }),
         other => Err(BackendError::Failed(format!(
             "script reply out of range: {other:?}"
@@ -279,13 +430,14 @@ mod tests {
         let hashes: std::collections::HashSet<&str> =
             ALGORITHMS.iter().map(|&a| set.get(a).get_hash()).collect();
         assert_eq!(hashes.len(), 4);
+        assert!(!hashes.contains(set.batch().get_hash()));
         for algorithm in ALGORITHMS {
             let src = source(algorithm);
             for word in ["KEYS[1]", "ARGV[8]", "Reply", "PEXPIRE", "TIME"] {
                 assert!(src.contains(word), "{algorithm}: header lacks {word}");
             }
         }
-        assert_eq!(ScriptSet::load_commands().count(), 4);
+        assert_eq!(ScriptSet::load_commands().count(), 5);
     }
 
     #[test]

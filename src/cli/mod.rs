@@ -49,6 +49,9 @@ pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 =
     crate::backend::redis::DEFAULT_TIMEOUT.as_millis() as u64;
 /// Default size of the local over-limit cache.
 pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
+/// Default trust period of a local over-limit cache entry, in ms.
+pub const DEFAULT_LOCAL_CACHE_MAX_AGE_MS: u64 =
+    crate::limiter::DEFAULT_LOCAL_CACHE_MAX_AGE.as_millis() as u64;
 /// Default prefix of every backend key.
 pub const DEFAULT_KEY_PREFIX: &str = crate::backend::redis::DEFAULT_KEY_PREFIX;
 /// Default cap on live buckets in the memory backend.
@@ -180,6 +183,10 @@ pub struct ServeArgs {
     /// Entries of the local over-limit cache; 0 disables it.
     #[arg(long, env = "FLOODGATE_LOCAL_CACHE_ENTRIES", value_name = "N", default_value_t = DEFAULT_LOCAL_CACHE_ENTRIES)]
     pub local_cache_entries: usize,
+    /// Longest time a local over-limit cache entry answers before the backend is asked
+    /// again (a refund or another replica may have freed room); 0 disables the cache.
+    #[arg(long, env = "FLOODGATE_LOCAL_CACHE_MAX_AGE_MS", value_name = "MS", default_value_t = DEFAULT_LOCAL_CACHE_MAX_AGE_MS)]
+    pub local_cache_max_age_ms: u64,
     /// Evaluate every limit but force the overall code to OK. The variable accepts the usual
     /// spellings (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`).
     #[arg(long, env = "FLOODGATE_SHADOW_MODE", value_parser = clap::builder::BoolishValueParser::new())]
@@ -266,6 +273,7 @@ impl ServeArgs {
                 failure_mode: self.failure_mode,
                 shadow_mode: self.shadow_mode,
                 local_cache_entries: self.local_cache_entries,
+                local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
             },
             header_mode: self.response_headers,
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
@@ -506,7 +514,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
             .collect();
-        assert_eq!(flags.len(), 17);
+        assert_eq!(flags.len(), 18);
         for arg in flags {
             let long = arg.get_long().unwrap();
             let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

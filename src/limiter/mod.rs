@@ -1,10 +1,10 @@
 //! Request evaluation: matcher + backend -> per-descriptor statuses and the overall code.
 //!
-//! One call resolves every descriptor to a rule (or none), drops replaced limits, answers
-//! what needs no backend (unmatched, unlimited, `L = 0`, local over-limit cache), charges the
-//! rest in one backend batch, then applies SPEC 1.3: shadow and quota semantics, and the
-//! all-or-nothing rule that a request which is over limit overall books nothing under
-//! `on_over_limit: reject` (charged buckets are refunded).
+//! One call resolves every descriptor to a rule (or none) in a `Slot`, drops replaced
+//! limits, answers what needs no backend (unmatched, unlimited, `L = 0`, local over-limit
+//! cache), hands the rest to the backend as one all-or-nothing `Group`, then applies shadow
+//! and quota semantics (SPEC 1.3). A request that is over limit overall books nothing under
+//! `on_over_limit: reject`: the backend undoes those bookings, atomically where it can.
 
 mod local_cache;
 pub mod request;
@@ -16,7 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, BackendError, BucketKey, Charge, Outcome, Refund};
+use crate::backend::{
+    Backend, BackendError, BucketKey, Charge, Group, Item, Outcome, Tally, Weight, undoable,
+};
 use crate::matcher::Matcher;
 use crate::metrics::{Metrics, RuleCounters};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
@@ -56,7 +58,13 @@ pub struct LimiterOptions {
     pub shadow_mode: bool,
     /// Capacity of the local over-limit cache; 0 disables it.
     pub local_cache_entries: usize,
+    /// Longest time a local cache entry is trusted, so a refund or another replica's view
+    /// is seen soon even when the bucket's reset is far away.
+    pub local_cache_max_age: Duration,
 }
+
+/// Default `LimiterOptions::local_cache_max_age`.
+pub const DEFAULT_LOCAL_CACHE_MAX_AGE: Duration = Duration::from_secs(3);
 
 impl Default for LimiterOptions {
     fn default() -> Self {
@@ -65,6 +73,7 @@ impl Default for LimiterOptions {
             failure_mode: FailureMode::Error,
             shadow_mode: false,
             local_cache_entries: 0,
+            local_cache_max_age: DEFAULT_LOCAL_CACHE_MAX_AGE,
         }
     }
 }
@@ -106,6 +115,41 @@ struct Limited {
 }
 
 impl Limited {
+    /// The charge for the backend, weighted by the rule's modes.
+    fn item(&self) -> Item {
+        Item {
+            charge: Charge {
+                bucket: self.bucket,
+                policy: self.policy,
+                cost: self.cost,
+            },
+            weight: self.weight(),
+        }
+    }
+
+    fn weight(&self) -> Weight {
+        Weight {
+            quota: self.rule.quota_mode,
+            shadow: self.rule.shadow_mode,
+        }
+    }
+
+    /// The denial the local cache holds for this bucket, if any.
+    fn cached_exhaustion(&self, cache: &OverLimitCache) -> Option<Outcome> {
+        if self.policy.on_over_limit == OnOverLimit::Consume {
+            return None;
+        }
+        let left = cache.exhausted_for(self.bucket, self.policy)?;
+        Some(Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_ms: left.as_millis() as u64,
+            now_ms: 0,
+            booked: false,
+            rolled_back: false,
+        })
+    }
+
     fn current_limit(&self) -> CurrentLimit {
         CurrentLimit {
             requests_per_unit: self.policy.requests_per_unit,
@@ -158,9 +202,15 @@ impl Limited {
     /// Whether `outcome` proves no cost-1 request fits for `reset_ms`, so the bucket may be
     /// cached as exhausted. A denial of cost <= 1 says so directly (R is then the wait until
     /// one request fits); a fixed window that is exactly full stays full until its end.
+    ///
+    /// A lockout rule's first real denial has a side effect (it starts the lock), so such a
+    /// rule is only cached once the backend holds its lock: after a denial of cost >= 1.
     fn proves_exhausted(&self, outcome: &Outcome) -> bool {
         if self.policy.on_over_limit == OnOverLimit::Consume {
             return false;
+        }
+        if self.policy.lockout_ms() > 0 {
+            return !outcome.allowed && self.cost >= 1;
         }
         let denied_one = !outcome.allowed && self.cost <= 1;
         let window_full = outcome.allowed
@@ -168,6 +218,79 @@ impl Limited {
             && self.cost > 0
             && self.policy.algorithm == Algorithm::FixedWindow;
         denied_one || window_full
+    }
+}
+
+/// One descriptor of a request from plan to status: what it needs, what was decided, and
+/// whether the backend just decided it (only such answers may fill the local cache).
+struct Slot {
+    plan: Plan,
+    /// The verdict, once decided (backend, local cache, `L = 0`, failure mode `deny`).
+    outcome: Option<Outcome>,
+    /// When the backend was asked, for answers the backend gave.
+    asked_at: Option<Instant>,
+}
+
+impl Slot {
+    fn limited(&self) -> Option<&Limited> {
+        match &self.plan {
+            Plan::Zero(limited) | Plan::Charge(limited) => Some(limited),
+            Plan::Done(_) => None,
+        }
+    }
+
+    /// Decides what needs no backend: `L = 0` and buckets the local cache knows exhausted.
+    fn decide_locally(&mut self, cache: Option<&OverLimitCache>, metrics: &Metrics) {
+        let outcome = match &self.plan {
+            Plan::Done(_) => return,
+            Plan::Zero(limited) => {
+                let outcome = always_over(&limited.policy);
+                limited.record(&outcome, false);
+                outcome
+            }
+            Plan::Charge(limited) => {
+                let Some(outcome) = cache.and_then(|cache| limited.cached_exhaustion(cache)) else {
+                    return;
+                };
+                metrics.local_cache_hits.inc();
+                limited.record(&outcome, true);
+                outcome
+            }
+        };
+        self.outcome = Some(outcome);
+    }
+
+    /// The charge this slot still needs from the backend.
+    fn pending_item(&self) -> Option<Item> {
+        match (&self.plan, &self.outcome) {
+            (Plan::Charge(limited), None) => Some(limited.item()),
+            _ => None,
+        }
+    }
+
+    /// The descriptor's status; `rejected` says whether its request ends over limit.
+    fn status(&self, rejected: bool) -> Status {
+        let (Some(limited), Some(outcome)) = (self.limited(), &self.outcome) else {
+            return match &self.plan {
+                Plan::Done(status) => status.clone(),
+                // Failure mode `allow`: answered without limits.
+                _ => Status::unmatched(),
+            };
+        };
+        if outcome.allowed {
+            // A rejected request booked nothing: report the remaining from before it.
+            let undone = outcome.rolled_back || (rejected && undoable(&limited.item(), outcome));
+            let remaining = if undone {
+                outcome.remaining + limited.cost
+            } else {
+                outcome.remaining
+            };
+            limited.status(Code::Ok, remaining, outcome.reset_ms)
+        } else if limited.rule.shadow_mode {
+            limited.status(Code::Ok, 0, outcome.reset_ms)
+        } else {
+            limited.status(Code::OverLimit, 0, outcome.reset_ms)
+        }
     }
 }
 
@@ -180,7 +303,7 @@ impl Limiter {
         options: LimiterOptions,
     ) -> Limiter {
         let cache = (options.local_cache_entries > 0)
-            .then(|| OverLimitCache::new(options.local_cache_entries));
+            .then(|| OverLimitCache::new(options.local_cache_entries, options.local_cache_max_age));
         metrics.loaded_rules.set(rules.rules().len() as i64);
         Limiter {
             rules: ArcSwap::from_pointee(rules),
@@ -214,6 +337,9 @@ impl Limiter {
     /// Decides a validated request. `deadline` is the caller's; backend work never outlives
     /// it nor `backend_timeout`.
     ///
+    /// All-or-nothing: the backend decides the request's charges as one group, and when the
+    /// request ends over limit none of its `reject` bookings stand (docs/requests.md).
+    ///
     /// # Errors
     /// `LimitError::Backend` when the backend fails and the failure mode is `error`.
     pub async fn should_rate_limit(
@@ -221,83 +347,54 @@ impl Limiter {
         request: &Request,
         deadline: Option<Instant>,
     ) -> Result<Response, LimitError> {
-        // The whole request's backend work, refunds included, ends here.
         let budget_end = self.budget_end(Instant::now(), deadline);
-        let rules = self.rules.load();
-        let plans = self.plan(&rules, request);
-        drop(rules);
-
-        let mut statuses: Vec<Option<Status>> = vec![None; plans.len()];
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; plans.len()];
-        let mut to_charge = Vec::new();
-        for (i, plan) in plans.iter().enumerate() {
-            match plan {
-                Plan::Done(status) => statuses[i] = Some(status.clone()),
-                Plan::Zero(limited) => {
-                    let outcome = always_over(&limited.policy);
-                    limited.record(&outcome, false);
-                    outcomes[i] = Some(outcome);
-                }
-                Plan::Charge(limited) => match self.cached_exhaustion(limited) {
-                    Some(outcome) => {
-                        limited.record(&outcome, true);
-                        outcomes[i] = Some(outcome);
-                    }
-                    None => to_charge.push(i),
-                },
-            }
-        }
-
-        // Outcomes the backend just decided: the only ones that may fill the local cache.
-        let mut fresh = Vec::new();
-        if !to_charge.is_empty() {
-            let charges: Vec<Charge> = to_charge
-                .iter()
-                .map(|&i| {
-                    let limited = limited_of(&plans[i]);
-                    Charge {
-                        bucket: limited.bucket,
-                        policy: limited.policy,
-                        cost: limited.cost,
-                    }
+        let mut slots: Vec<Slot> = {
+            let rules = self.rules.load();
+            self.plan(&rules, request)
+                .into_iter()
+                .map(|plan| Slot {
+                    plan,
+                    outcome: None,
+                    asked_at: None,
                 })
-                .collect();
-            let asked_at = Instant::now();
-            let answer = self
-                .backend_call(budget_end, self.backend.charge(&charges))
-                .await
-                .and_then(|results| {
-                    if results.len() == charges.len() {
-                        Ok(results)
-                    } else {
-                        Err(BackendError::Failed(format!(
-                            "{} outcomes for {} charges",
-                            results.len(),
-                            charges.len()
-                        )))
-                    }
-                });
-            match answer {
-                Ok(results) => {
-                    for (&i, outcome) in to_charge.iter().zip(results) {
-                        limited_of(&plans[i]).record(&outcome, false);
-                        outcomes[i] = Some(outcome);
-                        fresh.push((i, asked_at));
-                    }
-                }
-                Err(error) => self.apply_failure_mode(
-                    error,
-                    &plans,
-                    &to_charge,
-                    &mut statuses,
-                    &mut outcomes,
-                )?,
+                .collect()
+        };
+        let mut prior = Tally::default();
+        for slot in &mut slots {
+            slot.decide_locally(self.cache.as_ref(), &self.metrics);
+            if let (Some(limited), Some(outcome)) = (slot.limited(), &slot.outcome) {
+                prior.add(limited.weight(), outcome.allowed);
             }
         }
-
-        Ok(self
-            .finish(&plans, statuses, outcomes, &fresh, budget_end)
-            .await)
+        let pending: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].pending_item().is_some())
+            .collect();
+        if !pending.is_empty() {
+            let group = Group {
+                items: pending
+                    .iter()
+                    .filter_map(|&i| slots[i].pending_item())
+                    .collect(),
+                prior,
+                admit: self.options.shadow_mode,
+                keep_on_failure: self.options.failure_mode == FailureMode::Allow,
+            };
+            let asked_at = Instant::now();
+            match self.backend_call(budget_end, &group).await {
+                Ok(outcomes) => {
+                    for (&i, outcome) in pending.iter().zip(outcomes) {
+                        let slot = &mut slots[i];
+                        if let Some(limited) = slot.limited() {
+                            limited.record(&outcome, false);
+                        }
+                        slot.outcome = Some(outcome);
+                        slot.asked_at = Some(asked_at);
+                    }
+                }
+                Err(error) => self.apply_failure_mode(error, &mut slots, &pending)?,
+            }
+        }
+        Ok(self.finish(&slots))
     }
 
     /// Resolves every descriptor to a plan, applying `replaces` across the request.
@@ -355,25 +452,6 @@ impl Limiter {
             .collect()
     }
 
-    fn cached_exhaustion(&self, limited: &Limited) -> Option<Outcome> {
-        if limited.policy.on_over_limit == OnOverLimit::Consume {
-            return None;
-        }
-        let left = self
-            .cache
-            .as_ref()?
-            .exhausted_for(limited.bucket, limited.policy)?;
-        self.metrics.local_cache_hits.inc();
-        Some(Outcome {
-            allowed: false,
-            remaining: 0,
-            reset_ms: left.as_millis() as u64,
-            now_ms: 0,
-            booked: false,
-        })
-    }
-
-    /// Runs one backend call under the backend timeout and the caller's deadline.
     /// When backend work started at `start` must end: `backend_timeout` later, or the
     /// caller's deadline if that comes first.
     fn budget_end(&self, start: Instant, deadline: Option<Instant>) -> Instant {
@@ -381,110 +459,68 @@ impl Limiter {
         deadline.map_or(limit, |deadline| limit.min(deadline))
     }
 
-    /// Runs one backend call, ending at `limit`.
-    async fn backend_call<T>(
+    /// Runs the request's backend call, ending at `limit`, and checks its answer's shape.
+    async fn backend_call(
         &self,
         limit: Instant,
-        call: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
+        group: &Group,
+    ) -> Result<Vec<Outcome>, BackendError> {
         let started = Instant::now();
-        let result = match tokio::time::timeout_at(limit, call).await {
+        let result = match tokio::time::timeout_at(limit, self.backend.decide(group)).await {
+            Ok(Ok(outcomes)) if outcomes.len() != group.items.len() => {
+                Err(BackendError::Failed(format!(
+                    "{} outcomes for {} charges",
+                    outcomes.len(),
+                    group.items.len()
+                )))
+            }
             Ok(result) => result,
             Err(_) => Err(BackendError::Timeout),
         };
         Metrics::observe(&self.metrics.backend_latency, started.elapsed());
-        if let Err(error) = &result {
-            self.metrics.backend_error(error.kind());
+        match &result {
+            Err(error) => self.metrics.backend_error(error.kind()),
+            Ok(outcomes) => {
+                // A rejected request whose booking could not be undone keeps it.
+                let unrefunded = group
+                    .items
+                    .iter()
+                    .zip(outcomes)
+                    .filter(|(item, outcome)| {
+                        group.rejects(outcomes) && undoable(item, outcome) && !outcome.rolled_back
+                    })
+                    .count();
+                self.metrics.refund_errors.inc_by(unrefunded as u64);
+            }
         }
         result
     }
 
-    /// Builds the statuses and overall code, refunding when the request is over limit.
-    async fn finish(
-        &self,
-        plans: &[Plan],
-        mut statuses: Vec<Option<Status>>,
-        outcomes: Vec<Option<Outcome>>,
-        fresh: &[(usize, Instant)],
-        budget_end: Instant,
-    ) -> Response {
-        let mut over = false;
-        let mut quota_total = 0usize;
-        let mut quota_over = 0usize;
-        for (i, outcome) in outcomes.iter().enumerate() {
-            let (Some(outcome), Some(limited)) = (outcome, limited_of_opt(&plans[i])) else {
-                continue;
-            };
-            let status = if outcome.allowed {
-                limited.status(Code::Ok, outcome.remaining, outcome.reset_ms)
-            } else if limited.rule.shadow_mode {
-                limited.status(Code::Ok, 0, outcome.reset_ms)
-            } else {
-                limited.status(Code::OverLimit, 0, outcome.reset_ms)
-            };
-            let denied = status.code == Code::OverLimit;
-            if limited.rule.quota_mode {
-                quota_total += 1;
-                quota_over += usize::from(denied);
-            } else {
-                over |= denied;
-            }
-            statuses[i] = Some(status);
-        }
-        over |= quota_total > 0 && quota_over == quota_total;
-
-        // The request is admitted under global shadow mode, so its bookings stand.
-        let refunding = over && !self.options.shadow_mode;
-        let mut refunds = Vec::new();
-        let mut refunded = vec![false; outcomes.len()];
-        for (i, outcome) in outcomes.iter().enumerate() {
-            let (Some(outcome), Some(limited)) = (outcome, limited_of_opt(&plans[i])) else {
-                continue;
-            };
-            let refundable = outcome.allowed
-                && outcome.booked
-                && limited.cost > 0
-                && limited.policy.on_over_limit == OnOverLimit::Reject;
-            if refunding && refundable {
-                refunds.push(Refund {
-                    bucket: limited.bucket,
-                    policy: limited.policy,
-                    cost: limited.cost,
-                    booked_at_ms: outcome.now_ms,
-                });
-                refunded[i] = true;
-                if let Some(status) = statuses[i].as_mut() {
-                    let before = u64::from(status.limit_remaining) + limited.cost;
-                    status.limit_remaining = u32::try_from(before).unwrap_or(u32::MAX);
-                }
+    /// Builds the statuses and the overall code, and caches proven exhaustion.
+    fn finish(&self, slots: &[Slot]) -> Response {
+        let mut tally = Tally::default();
+        for slot in slots {
+            if let (Some(limited), Some(outcome)) = (slot.limited(), &slot.outcome) {
+                tally.add(limited.weight(), outcome.allowed);
             }
         }
+        // Under global shadow mode the request is admitted, so its bookings stand.
+        let rejected = tally.rejects() && !self.options.shadow_mode;
         if let Some(cache) = &self.cache {
-            for &(i, asked_at) in fresh {
-                let (Some(outcome), Some(limited)) = (&outcomes[i], limited_of_opt(&plans[i]))
+            for slot in slots {
+                let (Some(limited), Some(outcome), Some(asked_at)) =
+                    (slot.limited(), &slot.outcome, slot.asked_at)
                 else {
                     continue;
                 };
-                if !refunded[i] && limited.proves_exhausted(outcome) {
+                if !outcome.rolled_back && limited.proves_exhausted(outcome) {
                     cache.insert(limited.bucket, limited.policy, asked_at, outcome.reset_ms);
                 }
             }
         }
-        if !refunds.is_empty() {
-            self.refund(refunds, budget_end).await;
-        }
-
-        let overall = if over && !self.options.shadow_mode {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
         Response {
-            overall,
-            statuses: statuses
-                .into_iter()
-                .map(|status| status.unwrap_or_else(Status::unmatched))
-                .collect(),
+            overall: if rejected { Code::OverLimit } else { Code::Ok },
+            statuses: slots.iter().map(|slot| slot.status(rejected)).collect(),
         }
     }
 
@@ -494,45 +530,26 @@ impl Limiter {
     fn apply_failure_mode(
         &self,
         error: BackendError,
-        plans: &[Plan],
-        to_charge: &[usize],
-        statuses: &mut [Option<Status>],
-        outcomes: &mut [Option<Outcome>],
+        slots: &mut [Slot],
+        pending: &[usize],
     ) -> Result<(), LimitError> {
         let mode = self.options.failure_mode;
         self.metrics.failure_mode_used(mode.as_str());
         // Debug, not warn: during an outage this fires per request; health logs the outage
         // once and the failure_mode and backend_errors metrics count every case.
         tracing::debug!(%error, mode = mode.as_str(), "backend failed; applying the failure mode");
-        for &i in to_charge {
-            match mode {
-                FailureMode::Error => return Err(LimitError::Backend(error)),
-                FailureMode::Allow => statuses[i] = Some(Status::unmatched()),
-                FailureMode::Deny => outcomes[i] = Some(always_over(&limited_of(&plans[i]).policy)),
+        match mode {
+            FailureMode::Error => return Err(LimitError::Backend(error)),
+            // No outcome: `Slot::status` answers without limits.
+            FailureMode::Allow => {}
+            FailureMode::Deny => {
+                for &i in pending {
+                    let slot = &mut slots[i];
+                    slot.outcome = slot.limited().map(|limited| always_over(&limited.policy));
+                }
             }
         }
         Ok(())
-    }
-
-    /// Undoes the bookings of an over-limit request. Runs as its own task, bounded by the
-    /// backend timeout: the answer waits for it only until the request's budget ends, and if
-    /// the caller gives up (a deadline, a reset stream) the refund still completes.
-    async fn refund(&self, refunds: Vec<Refund>, budget_end: Instant) {
-        let backend = Arc::clone(&self.backend);
-        let metrics = Arc::clone(&self.metrics);
-        let timeout = self.options.backend_timeout;
-        let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(timeout, backend.refund(&refunds)).await {
-                Ok(result) => result,
-                Err(_) => Err(BackendError::Timeout),
-            };
-            if let Err(error) = result {
-                metrics.backend_error(error.kind());
-                metrics.refund_errors.inc();
-                tracing::warn!(%error, "refund failed; the over-limit request's bookings stand");
-            }
-        });
-        let _ = tokio::time::timeout_at(budget_end, task).await;
     }
 }
 
@@ -608,17 +625,7 @@ fn always_over(policy: &Policy) -> Outcome {
         reset_ms: window - now_ms % window,
         now_ms: 0,
         booked: false,
-    }
-}
-
-fn limited_of(plan: &Plan) -> &Limited {
-    limited_of_opt(plan).expect("only counted plans are charged")
-}
-
-fn limited_of_opt(plan: &Plan) -> Option<&Limited> {
-    match plan {
-        Plan::Zero(limited) | Plan::Charge(limited) => Some(limited),
-        Plan::Done(_) => None,
+        rolled_back: false,
     }
 }
 

@@ -1,0 +1,122 @@
+//! Natural batching: requests bound for the node while script calls are in flight wait in a
+//! queue, and the next call takes all of them as one `lua/batch.lua` call. At low load a
+//! request finds a free slot and goes out at once; under load one call carries many
+//! requests, so Redis parses one command and floodgate makes one round trip for all of
+//! them. No timer ever holds a request back.
+
+use std::sync::Arc;
+
+use redis::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::Node;
+use crate::backend::scripts::{self, BatchCall, Via};
+use crate::backend::{BackendError, Outcome};
+
+/// Script calls in flight at once on the node's connections; more requests wait and share
+/// the next call.
+const MAX_IN_FLIGHT: usize = 4;
+/// Most items in one call: bounds how long one script keeps Redis busy.
+const MAX_ITEMS: usize = 256;
+
+/// One request waiting for its call.
+pub(super) struct Job {
+    /// The request's group, encoded.
+    pub call: BatchCall,
+    /// When its caller stops waiting.
+    pub deadline: Instant,
+    /// Where its outcomes go.
+    pub reply: oneshot::Sender<Result<Vec<Outcome>, BackendError>>,
+}
+
+/// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the backend is
+/// dropped (its sender closes the queue).
+pub(super) async fn run(node: Arc<Node>, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut held = None;
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let first = match held.take() {
+            Some(job) => job,
+            None => match jobs.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        let mut items = first.call.len();
+        let mut batch = vec![first];
+        while let Ok(job) = jobs.try_recv() {
+            if items + job.call.len() > MAX_ITEMS {
+                held = Some(job);
+                break;
+            }
+            items += job.call.len();
+            batch.push(job);
+        }
+        tokio::spawn(send(Arc::clone(&node), batch, slot));
+    }
+}
+
+/// Sends one call for `jobs` and hands each job its outcomes (or the call's error).
+async fn send(node: Arc<Node>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
+    let now = Instant::now();
+    // A caller that gave up or ran out of time is not sent: nothing is booked for it.
+    let (live, late): (Vec<Job>, Vec<Job>) = jobs
+        .into_iter()
+        .partition(|job| !job.reply.is_closed() && job.deadline > now);
+    for job in late {
+        let _ = job.reply.send(Err(BackendError::Timeout));
+    }
+    let Some(deadline) = live.iter().map(|job| job.deadline).max() else {
+        return;
+    };
+    let mut call = BatchCall::default();
+    for job in &live {
+        call.append(&job.call);
+    }
+    match node.run_batch(&call, deadline).await {
+        Ok(outcomes) => {
+            let mut outcomes = outcomes.into_iter();
+            for job in live {
+                let mine = outcomes.by_ref().take(job.call.len()).collect();
+                let _ = job.reply.send(Ok(mine));
+            }
+        }
+        Err(error) => {
+            for job in live {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Runs one batch call until `deadline`; a node that does not know the script (flushed,
+    /// restarted) gets it again as `EVAL`, which did not run the first time.
+    async fn run_batch(
+        &self,
+        call: &BatchCall,
+        deadline: Instant,
+    ) -> Result<Vec<Outcome>, BackendError> {
+        let mut conn = self.borrow(deadline).await?;
+        let mut reply = Value::Nil;
+        for via in [Via::Sha, Via::Source] {
+            let mut pipe = redis::pipe();
+            // The server's error comes back as the reply, so NOSCRIPT can be told apart.
+            pipe.ignore_errors();
+            pipe.add_command(call.command(&self.scripts, via));
+            let mut values = conn
+                .query(&pipe, deadline)
+                .await
+                .map_err(|e| self.secrets.scrub(e))?;
+            reply = values.pop().unwrap_or(Value::Nil);
+            if !scripts::is_noscript(&reply) {
+                break;
+            }
+        }
+        scripts::batch_outcomes(reply, call.len()).map_err(|e| self.secrets.scrub(e))
+    }
+}

@@ -32,6 +32,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_log}
   - key: locked
     rate_limit: {unit: hour, requests_per_unit: 1, lockout_seconds: 900}
+  - key: locked_full
+    rate_limit: {unit: hour, requests_per_unit: 2, lockout_seconds: 600}
   - key: consume
     rate_limit: {unit: hour, requests_per_unit: 2, on_over_limit: consume}
   - key: zero
@@ -115,12 +117,18 @@ async fn run_scenarios(server: &TestServer) -> Vec<Observed> {
         ])
         .await,
     );
+    // A window filled by one request, then denied: the denial starts the lock in the
+    // backend (a local cache must not answer it from the full window); the lock then
+    // denies, cached or not, with the lock's reset.
+    for cost in [2, 1, 1] {
+        observed.push(call(vec![d("locked_full", "a", Some(cost))]).await);
+    }
     observed
 }
 
 /// Calls whose resets do not depend on where the wall clock stands in an hour-long window:
-/// the token buckets (4 to 7) and the lockout tripping (17).
-const CLOCK_FREE_RESETS: [usize; 5] = [4, 5, 6, 7, 17];
+/// the token buckets (4 to 7) and the lockouts (17, 25, 26).
+const CLOCK_FREE_RESETS: [usize; 7] = [4, 5, 6, 7, 17, 25, 26];
 
 /// Drops the reset values that depend on the wall clock (they differ by a second between
 /// the runs on different backends).
@@ -139,10 +147,11 @@ fn comparable(observed: &[Observed]) -> Vec<Observed> {
         .collect()
 }
 
-async fn server_on(backend: BackendSettings) -> TestServer {
+async fn server_on(backend: BackendSettings, local_cache_entries: usize) -> TestServer {
     TestServer::start_with(&[("conformance.yaml", RULES)], |settings| {
         settings.backend = backend;
         settings.limiter.backend_timeout = Duration::from_secs(2);
+        settings.limiter.local_cache_entries = local_cache_entries;
     })
     .await
 }
@@ -199,45 +208,66 @@ fn assert_expected(observed: &[Observed]) {
     assert_eq!(statuses(23)[0].1, 5, "fixed/b untouched");
     assert_eq!(statuses(23)[1].1, 3, "log/b untouched");
     assert_eq!(statuses(23)[2].1, u32::MAX, "unlimited");
+    assert_eq!(
+        (observed[24].0, statuses(24)[0].1),
+        (OK, 0),
+        "window filled"
+    );
+    assert_eq!(statuses(25)[0], (OVER, 0, Some(600)), "first denial locks");
+    assert_eq!(statuses(26)[0], (OVER, 0, Some(600)), "the lock denies");
+}
+
+/// Redis options whose keys start with `prefix`, so runs on one server stay apart.
+fn options(prefix: &str) -> floodgate::backend::RedisOptions {
+    floodgate::backend::RedisOptions {
+        key_prefix: prefix.to_owned(),
+        ..redis_options(Duration::from_secs(2))
+    }
 }
 
 #[tokio::test]
-async fn every_backend_gives_the_same_answers() {
-    let memory = server_on(BackendSettings::Memory {
-        max_buckets: 10_000,
-    })
+async fn every_backend_gives_the_same_answers_with_and_without_the_local_cache() {
+    let memory = server_on(
+        BackendSettings::Memory {
+            max_buckets: 10_000,
+        },
+        0,
+    )
     .await;
     let memory_observed = run_scenarios(&memory).await;
     memory.stop().await;
     assert_expected(&memory_observed);
 
     let redis = RedisServer::start();
-    let server = server_on(BackendSettings::Redis {
-        url: redis.url(),
-        options: redis_options(Duration::from_secs(2)),
-    })
-    .await;
-    let redis_observed = run_scenarios(&server).await;
-    server.stop().await;
-    assert_expected(&redis_observed);
-    assert_eq!(
-        comparable(&redis_observed),
-        comparable(&memory_observed),
-        "redis vs memory"
-    );
-
     let cluster = RedisCluster::start();
-    let server = server_on(BackendSettings::Cluster {
-        urls: cluster.urls(),
-        options: redis_options(Duration::from_secs(2)),
-    })
-    .await;
-    let cluster_observed = run_scenarios(&server).await;
-    server.stop().await;
-    assert_expected(&cluster_observed);
-    assert_eq!(
-        comparable(&cluster_observed),
-        comparable(&memory_observed),
-        "cluster vs memory"
-    );
+    for cache in [1000, 0] {
+        let prefix = format!("cache{cache}");
+        let backends = [
+            (
+                "redis",
+                BackendSettings::Redis {
+                    url: redis.url(),
+                    options: options(&prefix),
+                },
+            ),
+            (
+                "cluster",
+                BackendSettings::Cluster {
+                    urls: cluster.urls(),
+                    options: options(&prefix),
+                },
+            ),
+        ];
+        for (name, backend) in backends {
+            let server = server_on(backend, cache).await;
+            let observed = run_scenarios(&server).await;
+            server.stop().await;
+            assert_expected(&observed);
+            assert_eq!(
+                comparable(&observed),
+                comparable(&memory_observed),
+                "{name} (local cache {cache}) vs memory"
+            );
+        }
+    }
 }

@@ -251,20 +251,15 @@ impl BatchCall {
         }
     }
 
-    /// Adds every group of `other`.
-    pub(crate) fn append(&mut self, other: &BatchCall) {
-        self.keys.extend_from_slice(&other.keys);
-        self.argv.extend_from_slice(&other.argv);
-        self.groups += other.groups;
-    }
-
     /// Items in the call.
     pub(crate) fn len(&self) -> usize {
         self.keys.len()
     }
 
-    /// The command: `EVALSHA sha numkeys keys... G argv...` (or `EVAL` with the source).
-    pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
+    /// One command deciding every group of `calls`, in order: `EVALSHA sha numkeys keys...
+    /// G argv...` (or `EVAL` with the source). Arguments are written straight into the
+    /// command buffer, so joining requests copies nothing else.
+    pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
         let mut cmd = match via {
             Via::Sha => {
                 let mut cmd = redis::cmd("EVALSHA");
@@ -277,10 +272,14 @@ impl BatchCall {
                 cmd
             }
         };
-        cmd.arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(self.groups)
-            .arg(&self.argv);
+        cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
+        for call in calls {
+            cmd.arg(&call.keys);
+        }
+        cmd.arg(calls.iter().map(|call| call.groups).sum::<u64>());
+        for call in calls {
+            cmd.arg(&call.argv);
+        }
         cmd
     }
 }
@@ -478,6 +477,51 @@ mod tests {
             .command(&ScriptSet::new(), Via::Source)
             .get_packed_command();
         assert!(String::from_utf8_lossy(&eval).contains("token_bucket.rs"));
+    }
+
+    #[test]
+    fn batch_call_joins_groups_in_order() {
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let charge = |value: &str, cost| Charge {
+            bucket: BucketKey::new("d", "r", [("k", value)], &policy),
+            policy,
+            cost,
+        };
+        let item = |value, cost, quota, shadow| crate::backend::Item {
+            charge: charge(value, cost),
+            weight: crate::backend::Weight { quota, shadow },
+        };
+        let mut first = BatchCall::default();
+        let mut group = Group {
+            items: vec![item("a", 2, true, false), item("b", 0, false, true)],
+            ..Group::default()
+        };
+        group.prior.over = true;
+        first.push(&group, "fg");
+        let mut second = BatchCall::default();
+        second.push(&Group::independent(&[charge("c", 1)]), "fg");
+        let set = ScriptSet::new();
+        let packed = BatchCall::command(&[&first, &second], &set, Via::Sha).get_packed_command();
+        let words: Vec<String> = String::from_utf8(packed)
+            .unwrap()
+            .split("\r\n")
+            .filter(|w| !w.is_empty() && !w.starts_with(['*', '$']))
+            .map(String::from)
+            .collect();
+        let key = |value| charge(value, 0).bucket.redis_key("fg");
+        let (a, b, c) = (key("a"), key("b"), key("c"));
+        let sha = set.batch().get_hash().to_owned();
+        #[rustfmt::skip]
+        let expected = [
+            "EVALSHA", &sha, "3", &a, &b, &c, "2",
+            "0", "1", "0", "0", "2",
+            "1", "1", "0", "2", "60000", "5", "5", "0", "0",
+            "1", "0", "1", "0", "60000", "5", "5", "0", "0",
+            "1", "0", "0", "0", "1",
+            "1", "0", "0", "1", "60000", "5", "5", "0", "0",
+        ];
+        assert_eq!(words, expected);
+        assert_eq!(first.len() + second.len(), 3);
     }
 
     #[test]

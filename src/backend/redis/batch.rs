@@ -73,11 +73,9 @@ async fn send(node: Arc<Node>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
     let Some(deadline) = live.iter().map(|job| job.deadline).max() else {
         return;
     };
-    let mut call = BatchCall::default();
-    for job in &live {
-        call.append(&job.call);
-    }
-    match node.run_batch(&call, deadline).await {
+    let calls: Vec<&BatchCall> = live.iter().map(|job| &job.call).collect();
+    let result = node.run_batch(&calls, deadline).await;
+    match result {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
             for job in live {
@@ -98,7 +96,7 @@ impl Node {
     /// restarted) gets it again as `EVAL`, which did not run the first time.
     async fn run_batch(
         &self,
-        call: &BatchCall,
+        calls: &[&BatchCall],
         deadline: Instant,
     ) -> Result<Vec<Outcome>, BackendError> {
         let mut conn = self.borrow(deadline).await?;
@@ -107,7 +105,7 @@ impl Node {
             let mut pipe = redis::pipe();
             // The server's error comes back as the reply, so NOSCRIPT can be told apart.
             pipe.ignore_errors();
-            pipe.add_command(call.command(&self.scripts, via));
+            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
             let mut values = conn
                 .query(&pipe, deadline)
                 .await
@@ -117,6 +115,7 @@ impl Node {
                 break;
             }
         }
-        scripts::batch_outcomes(reply, call.len()).map_err(|e| self.secrets.scrub(e))
+        let items = calls.iter().map(|call| call.len()).sum();
+        scripts::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
     }
 }

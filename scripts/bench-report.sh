@@ -14,6 +14,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+export PYTHONDONTWRITEBYTECODE=1
 limit=20m
 for arg in "$@"; do
     [[ "$arg" == "--quick" ]] && limit=5m

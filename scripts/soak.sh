@@ -18,6 +18,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+export PYTHONDONTWRITEBYTECODE=1
 for tool in redis-server redis-cli python3; do
     command -v "$tool" >/dev/null || { echo "soak: $tool is required" >&2; exit 2; }
 done

@@ -121,10 +121,12 @@ class Soak:
         log(f"master :{master.port} back (rejoins as a replica)")
         self.events.append((start, end, phase, f"SIGKILL master :{master.port}, restarted",
                             slots, None))
-        self.killed_port = master.port
+        self.killed_slots = slots
 
     def stop_master(self, phase):
-        masters = [m for m in self.cluster.masters() if m.port != getattr(self, "killed_port", 0)]
+        # Another shard than the one whose master was killed, so a second shard is tested.
+        killed = getattr(self, "killed_slots", [])
+        masters = [m for m in self.cluster.masters() if self.slots_of(m.port) != killed]
         master = masters[-1]
         slots = self.slots_of(master.port)
         start = time.time()

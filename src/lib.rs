@@ -4,6 +4,7 @@
 //!
 //! - `cli`: the command line (`serve`, `check-config`), every serve setting with its default, and
 //!   the reference service's environment variables that stand in for them.
+//! - `bench`: `floodgate bench`, the load generator (a gRPC client of the service).
 //! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
@@ -23,6 +24,7 @@
 pub mod admin;
 pub mod algorithm;
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod headers;

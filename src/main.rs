@@ -2,9 +2,9 @@
 //!
 //! Exit codes: 0 success (including a graceful shutdown); 1 `check-config` found errors, or
 //! the service could not start (invalid rules, an invalid backend setting, port in use; an
-//! unreachable Redis is not one: the service starts NOT_SERVING and keeps connecting); 2
-//! usage errors (clap, an invalid `--redis-url`, or a reference service variable floodgate
-//! cannot use).
+//! unreachable Redis is not one: the service starts NOT_SERVING and keeps connecting), or a
+//! `bench` run failed; 2 usage errors (clap, an invalid `--redis-url`, a reference service
+//! variable floodgate cannot use, or invalid `bench` options).
 
 use std::process::ExitCode;
 
@@ -44,6 +44,7 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckConfig { dir } => check_config(&dir),
+        Command::Bench(args) => bench(&args),
     }
 }
 
@@ -60,6 +61,41 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
         }
         Err(errors) => {
             eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one load test; prints its JSON summary on stdout. Exit 2 on bad options, 1 if the
+/// run could not start or finish.
+fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
+    if let Err(error) = args.check() {
+        eprintln!("floodgate bench: {error}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("floodgate bench: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(floodgate::bench::run(args)) {
+        Ok(summary) => match serde_json::to_string(&summary) {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("floodgate bench: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(error) => {
+            eprintln!("floodgate bench: {error}");
             ExitCode::FAILURE
         }
     }

@@ -1,4 +1,5 @@
-//! The command line (SPEC 1.1): `serve` (the default), `check-config DIR`, `--version`.
+//! The command line (SPEC 1.1): `serve` (the default), `check-config DIR`, `bench` (a load
+//! generator, in [`crate::bench`]), `--version`.
 //!
 //! Every `serve` flag can also come from a `FLOODGATE_*` environment variable, so the same
 //! binary is configured by flags locally and by the environment in Kubernetes. Parsing goes
@@ -89,6 +90,7 @@ pub fn with_default_command(args: impl IntoIterator<Item = OsString>) -> Vec<OsS
     const TOP_LEVEL: &[&str] = &[
         "serve",
         "check-config",
+        "bench",
         "help",
         "-h",
         "--help",
@@ -124,6 +126,9 @@ pub enum Command {
         #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
+    /// Load a running floodgate (loopback only) and print a JSON summary: decisions/s,
+    /// outcomes, latency percentiles. See the README's Benchmarks section.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Settings of the running service (SPEC 1.1).
@@ -499,7 +504,7 @@ mod tests {
                 Err(_) => true,
                 // URLs are checked after parsing, so clap never echoes a password.
                 Ok(Command::Serve(serve)) => serve.check().is_err(),
-                Ok(Command::CheckConfig { .. }) => false,
+                Ok(Command::CheckConfig { .. } | Command::Bench(_)) => false,
             };
             assert!(rejected, "{args:?}");
         }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Benchmark report: builds floodgate (release) once, then for the memory, redis and
+# redis-cluster (3 masters) backends starts redis-server / the cluster / floodgate on free
+# 127.0.0.1 ports and drives `floodgate bench` at 16, 64 and 512 calls in flight, 1, 10,000
+# and 1,000,000 keys, 1 and 5 descriptors per request; writes BENCHMARKS.md (and
+# BENCHMARKS.jsonl). See the README's Benchmarks section.
+#
+#   scripts/bench-report.sh [--quick] [--seconds N] [--out FILE] [--backends memory,redis,...]
+#
+# Bounded: the whole report is stopped after 20 minutes (--quick: 5). Every process it
+# starts is killed by pid on exit, error or interrupt. Needs redis-server, redis-cli,
+# redis-benchmark and python3. FLOODGATE_BUILD_WRAPPER (e.g. "flock /tmp/cargo.lock") is
+# put in front of the cargo build; FLOODGATE_BINARY skips the build.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export PYTHONDONTWRITEBYTECODE=1
+limit=20m
+for arg in "$@"; do
+    [[ "$arg" == "--quick" ]] && limit=5m
+done
+for tool in redis-server redis-cli redis-benchmark python3; do
+    command -v "$tool" >/dev/null || { echo "bench-report: $tool is required" >&2; exit 2; }
+done
+binary="${FLOODGATE_BINARY:-}"
+if [[ -z "$binary" ]]; then
+    ${FLOODGATE_BUILD_WRAPPER:-} cargo build --release --locked --quiet
+    binary=target/release/floodgate
+fi
+exec timeout --signal=TERM --kill-after=30s "$limit" \
+    python3 scripts/lib/bench_report.py --binary "$binary" \
+    --argv "scripts/bench-report.sh $*" "$@"

@@ -1,0 +1,272 @@
+"""The benchmark report behind scripts/bench-report.sh: see the README's Benchmarks section.
+
+For each backend (memory, redis, redis-cluster of 3 masters) it starts a floodgate, then for
+every (calls in flight, keys, descriptors per request) runs `floodgate bench` for a fixed
+time and records decisions/s, latency, floodgate CPU per decision (/proc/PID/stat), Redis
+CPU per decision (INFO cpu, summed over masters) and Redis commands per decision (INFO
+commandstats). It also measures the ceiling of Redis itself: `redis-benchmark` replaying
+the exact script call floodgate makes (captured with MONITOR), pipelined. It writes
+BENCHMARKS.md and the raw results as JSON lines beside it.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (LOOPBACK, Floodgate, Harness, RedisCluster, RedisNode, log,  # noqa: E402
+                     process_cpu_seconds, redis_command_calls, redis_cpu_seconds, resp,
+                     run_bench)
+
+FULL = {"in_flight": [16, 64, 512], "keys": [1, 10_000, 1_000_000], "descriptors": [1, 5]}
+QUICK = {"in_flight": [16, 64], "keys": [10_000], "descriptors": [1, 5]}
+BACKENDS = ["memory", "redis", "redis-cluster"]
+# Commands that run a script: what floodgate sends per batch of decisions. INFO commandstats
+# also counts the commands scripts run inside Redis (HMGET, HSET, TIME...).
+SCRIPT_CALLS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
+
+
+def machine():
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "redis": (re.search(r"v=(\S+)", redis) or [None, "?"])[1],
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+    }
+
+
+def capture_script_call(port, binary, target):
+    """The last EVALSHA (or EVAL) floodgate sent while answering a few calls, as argv.
+    MONITOR streams forever (floodgate's health pings too), so reading stops at a deadline."""
+    with socket.create_connection((LOOPBACK, port), timeout=5) as conn:
+        conn.sendall(b"MONITOR\r\n")
+        subprocess.run([binary, "bench", "--target", target, "--quiet", "--count", "60",
+                        "--concurrency", "1", "--duration", "10s"],
+                       capture_output=True, timeout=30, check=True)
+        conn.settimeout(0.2)
+        data = b""
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and len(data) < 16 << 20:
+            try:
+                chunk = conn.recv(1 << 16)
+            except (socket.timeout, OSError):
+                continue
+            if not chunk:
+                break
+            data += chunk
+    calls = []
+    for line in data.decode(errors="replace").splitlines():
+        args = [bytes(a, "utf-8").decode("unicode_escape")
+                for a in re.findall(r'"((?:[^"\\]|\\.)*)"', line)]
+        if args and args[0].upper() in ("EVALSHA", "EVALSHA_RO", "EVAL", "FCALL"):
+            calls.append(args)
+    if not calls:
+        raise RuntimeError("floodgate made no script call that MONITOR saw")
+    return calls[-1]
+
+
+def redis_benchmark(call, port, cluster, requests):
+    """redis-benchmark replaying `call` with its keys randomised over 10,000 buckets,
+    pipelined 64 deep; returns requests per second (None if it failed)."""
+    numkeys = int(call[2])
+    args = list(call)
+    for i in range(3, 3 + numkeys):
+        # A cluster run replaces `{tag}` with a hash tag of the node it sends to (so every
+        # key lives there); a standalone run spreads the keys over 10,000 hash tags.
+        args[i] = "fg:{tag}:__rand_int__" if cluster else "fg:{__rand_int__}"
+    command = ["redis-benchmark", "-h", LOOPBACK, "-p", str(port), "-n", str(requests),
+               "-c", "16", "-P", "64", "-r", "10000", "-q", "-e"]
+    if cluster:
+        command.append("--cluster")
+    out = subprocess.run(command + args, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    rates = re.findall(r"([\d.]+) requests per second", text)
+    if out.returncode != 0 or not rates or "ERR" in text:
+        log(f"redis-benchmark failed: {text.strip()[-500:]}")
+        return None
+    return float(rates[-1])
+
+
+def measure(binary, floodgate, masters, run, seconds, harness):
+    """One bench run with the CPU and command deltas around it."""
+    before_fg = process_cpu_seconds(floodgate.proc.pid)
+    before_cpu = sum(redis_cpu_seconds(m.port) for m in masters)
+    before_calls = [redis_command_calls(m.port) for m in masters]
+    summary = run_bench(harness, binary, floodgate.target, [
+        "--concurrency", str(run["in_flight"]), "--keys", str(run["keys"]),
+        "--descriptors", str(run["descriptors"]), "--connections", "4"], seconds)
+    fg_cpu = process_cpu_seconds(floodgate.proc.pid) - before_fg
+    redis_cpu = sum(redis_cpu_seconds(m.port) for m in masters) - before_cpu
+    commands = {}
+    for master, before in zip(masters, before_calls):
+        for name, calls in redis_command_calls(master.port).items():
+            delta = calls - before.get(name, 0)
+            if delta:
+                commands[name] = commands.get(name, 0) + delta
+    decisions = max(summary["decisions"], 1)
+    result = dict(run)
+    result.update({
+        "decisions_per_s": summary["decisions_per_s"],
+        "requests_per_s": summary["requests_per_s"],
+        "latency_us": summary["latency_us"],
+        "errors": summary["errors"],
+        "floodgate_cpu_us_per_decision": round(fg_cpu * 1e6 / decisions, 2),
+        "redis_cpu_us_per_decision": round(redis_cpu * 1e6 / decisions, 2) if masters else None,
+        "redis_script_calls_per_decision": round(
+            sum(n for name, n in commands.items() if name in SCRIPT_CALLS) / decisions, 3)
+        if masters else None,
+        "redis_commands_per_decision": round(sum(commands.values()) / decisions, 3)
+        if masters else None,
+        "redis_commands": commands,
+    })
+    for master in masters:
+        resp(master.port, "FLUSHALL")
+    return result
+
+
+def table(results):
+    rows = ["| in flight | keys | descriptors | decisions/s | p50 us | p99 us | p99.9 us "
+            "| floodgate CPU us/decision | Redis CPU us/decision | script calls/decision "
+            "| Redis commands/decision | errors |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lat = r["latency_us"]
+        dash = lambda v: "-" if v is None else v  # noqa: E731
+        rows.append(f"| {r['in_flight']} | {r['keys']:,} | {r['descriptors']} "
+                    f"| {r['decisions_per_s']:,.0f} | {lat['p50']} | {lat['p99']} "
+                    f"| {lat['p99.9']} | {r['floodgate_cpu_us_per_decision']} "
+                    f"| {dash(r['redis_cpu_us_per_decision'])} "
+                    f"| {dash(r['redis_script_calls_per_decision'])} "
+                    f"| {dash(r['redis_commands_per_decision'])} | {r['errors']} |")
+    return "\n".join(rows)
+
+
+def write_report(path, meta, results, ceilings, argv):
+    m = meta["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `scripts/bench-report.sh` (do not edit by hand; re-run it).",
+        "",
+        f"- Date: {meta['date']}",
+        f"- Commit: `{meta['commit']}`",
+        f"- Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, "
+        f"Linux {m['kernel']}, Redis {m['redis']}; load average at start "
+        f"{' '.join(m['loadavg'])}",
+        f"- Command: `{argv}`",
+        f"- Each run: `floodgate bench --duration {meta['seconds']}s --connections 4 "
+        "--concurrency N --keys K --descriptors D` against `floodgate serve` on the same "
+        "machine (rules: `scripts/bench-rules`, one fixed-window bucket per key, never over "
+        "its limit); Redis is flushed after every run.",
+        "- A decision is one descriptor answered; CPU per decision is the process's "
+        "utime+stime delta (/proc/PID/stat) for floodgate, and `INFO cpu` "
+        "used_cpu_sys+used_cpu_user deltas summed over every master for Redis; Redis "
+        "commands are `INFO commandstats` deltas (INFO itself excluded): script calls are "
+        "EVALSHA/EVAL/FCALL (what floodgate sends), Redis commands also count the commands "
+        "the scripts run inside Redis.",
+        "- The load generator, floodgate and Redis share the machine, so absolute figures "
+        "are lower than on separate hosts; compare runs of one report with each other.",
+        "",
+    ]
+    for backend in BACKENDS:
+        rows = [r for r in results if r["backend"] == backend]
+        if rows:
+            lines += [f"## {backend}", "", table(rows), ""]
+    lines += ["## Redis ceiling (redis-benchmark)", "",
+              "The script call floodgate makes for one descriptor (captured with MONITOR), "
+              "replayed by `redis-benchmark -c 16 -P 64 -r 10000` over random buckets on the "
+              "same Redis: what Redis alone can do with this script.", "",
+              "| Redis | calls/s |", "|---|---:|"]
+    for name, rate in ceilings.items():
+        lines.append(f"| {name} | {'failed' if rate is None else f'{rate:,.0f}'} |")
+    lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--quick", action="store_true", help="a subset, 3 s per run")
+    parser.add_argument("--seconds", type=int, help="per-run duration (default 10, quick 3)")
+    parser.add_argument("--out", default="BENCHMARKS.md")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--argv", default="scripts/bench-report.sh")
+    args = parser.parse_args()
+    matrix = QUICK if args.quick else FULL
+    seconds = args.seconds or (3 if args.quick else 10)
+    if not 1 <= seconds <= 60:
+        parser.error("--seconds must be between 1 and 60")
+    rules = os.path.join(os.path.dirname(__file__), "..", "bench-rules")
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+            "machine": machine(), "seconds": seconds}
+    harness = Harness("bench-report")
+    results, ceilings = [], {}
+    started = time.monotonic()
+    try:
+        for backend in args.backends.split(","):
+            masters, urls, cluster = [], [], None
+            if backend == "redis":
+                node = RedisNode(harness)
+                masters, urls = [node], [node.url]
+            elif backend == "redis-cluster":
+                cluster = RedisCluster(harness, masters=3)
+                masters, urls = cluster.masters(), cluster.urls()
+            elif backend != "memory":
+                parser.error(f"unknown backend {backend}")
+            floodgate = Floodgate(harness, args.binary, rules, backend, urls)
+            run_bench(harness, args.binary, floodgate.target, ["--concurrency", "16"], 1,
+                      name=f"warmup-{backend}")
+            for in_flight in matrix["in_flight"]:
+                for keys in matrix["keys"]:
+                    for descriptors in matrix["descriptors"]:
+                        run = {"backend": backend, "in_flight": in_flight, "keys": keys,
+                               "descriptors": descriptors}
+                        result = measure(args.binary, floodgate, masters, run, seconds, harness)
+                        log(json.dumps({k: result[k] for k in (
+                            "backend", "in_flight", "keys", "descriptors", "decisions_per_s",
+                            "floodgate_cpu_us_per_decision", "redis_cpu_us_per_decision")}))
+                        results.append(result)
+            if masters:
+                # On a cluster, MONITOR on one master sees only its slots: enough calls
+                # are made (capture_script_call) that some land there.
+                call = capture_script_call(masters[0].port, args.binary, floodgate.target)
+                ceilings[backend] = redis_benchmark(
+                    call, masters[0].port, cluster is not None,
+                    100_000 if args.quick else 1_000_000)
+                log(f"redis-benchmark {backend}: {ceilings[backend]}")
+            floodgate.stop()
+            for proc in list(harness.procs):
+                harness.kill(proc)
+            harness.procs.clear()
+        raw = os.path.splitext(args.out)[0] + ".jsonl"
+        with open(raw, "w") as f:
+            for result in results:
+                f.write(json.dumps(result) + "\n")
+        write_report(args.out, meta, results, ceilings, args.argv)
+        log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
+    finally:
+        harness.close()
+
+
+if __name__ == "__main__":
+    main()

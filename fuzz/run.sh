@@ -55,6 +55,6 @@ for target in "${TARGETS[@]}"; do
     echo "fuzz: $target FAILED (exit $status); the input is in fuzz/artifacts/$target/" >&2
     exit "$status"
   fi
-  grep -E '^#[0-9]+ +(INITED|DONE)|^stat::(number_of_executed_units|peak_rss_mb)' "$log"
+  grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::(number_of_executed_units|peak_rss_mb)' "$log"
 done
 echo "fuzz: all targets passed"

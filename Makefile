@@ -1,9 +1,9 @@
 # Everything CI runs, one target each; `make ci` is the whole pipeline.
 CARGO ?= cargo
 
-.PHONY: ci fmt-check clippy test check-config deploy-check bench run
+.PHONY: ci fmt-check clippy test check-config deploy-check fuzz bench run
 
-ci: fmt-check clippy test check-config deploy-check
+ci: fmt-check clippy test check-config deploy-check fuzz
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -21,6 +21,11 @@ check-config:
 deploy-check:
 	$(CARGO) build --quiet --locked
 	bash deploy/validate.sh target/debug/floodgate
+
+# Every fuzz target for FUZZ_SECONDS each (skipped, with a message, without nightly).
+FUZZ_SECONDS ?= 45
+fuzz:
+	CARGO=$(CARGO) bash fuzz/run.sh $(FUZZ_SECONDS)
 
 bench:
 	$(CARGO) bench --locked

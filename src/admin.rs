@@ -60,7 +60,7 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
 }
 
 async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
-    let request: RateLimitRequest = match serde_json::from_slice(&body) {
+    let request = match parse_json_request(&body) {
         Ok(request) => request,
         Err(error) => {
             state.limiter.metrics().invalid_requests.inc();
@@ -90,6 +90,15 @@ async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
         )
             .into_response(),
     }
+}
+
+/// Reads a `/json` body: a proto3 JSON `RateLimitRequest` (not yet validated). Public so
+/// the fuzz target parses bodies exactly as the endpoint does.
+///
+/// # Errors
+/// The body is not a proto3 JSON `RateLimitRequest`.
+pub fn parse_json_request(body: &[u8]) -> Result<RateLimitRequest, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 fn bad_request(message: String) -> Response {

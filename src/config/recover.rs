@@ -158,15 +158,17 @@ impl Patch {
         self.replace(chars.start..end, "");
     }
 
-    /// Replaces `chars` by `with`; false, changing nothing, when `chars` is empty or lies
-    /// within an earlier edit. An earlier edit within `chars` is superseded.
+    /// Replaces `chars` by `with`; false, changing nothing, when `chars` is empty, lies
+    /// within an earlier edit or overlaps one only in part (edits must nest or be disjoint:
+    /// an implicit null's span can reach past its flow mapping's `}`). An earlier edit
+    /// within `chars` is superseded.
     fn replace(&mut self, chars: Range<usize>, with: &'static str) -> bool {
         let within = |start: usize, end: usize| chars.start <= start && end <= chars.end;
-        let covered = self
-            .edits
-            .iter()
-            .any(|(&start, &(end, _))| start <= chars.start && chars.end <= end);
-        if chars.is_empty() || covered {
+        let clashes = self.edits.iter().any(|(&start, &(end, _))| {
+            let overlaps = start < chars.end && chars.start < end;
+            overlaps && !within(start, end)
+        });
+        if chars.is_empty() || clashes {
             return false;
         }
         self.edits.retain(|&start, (end, _)| !within(start, *end));
@@ -251,6 +253,16 @@ mod tests {
         assert!(!patch.replace(4..8, ""));
         assert!(!patch.replace(3..3, "{}"));
         assert_eq!(patch.apply(), "k: ~           ");
+    }
+
+    #[test]
+    fn an_edit_overlapping_an_earlier_one_in_part_is_refused() {
+        // Found by fuzzing: both orders once left overlapping edits, and `apply` panicked.
+        let mut patch = Patch::new("k: [{r},{}]");
+        assert!(patch.replace(5..9, ""));
+        assert!(!patch.replace(4..7, "{}"));
+        assert!(!patch.replace(8..10, "{}"));
+        assert_eq!(patch.apply(), "k: [{    }]");
     }
 
     #[test]

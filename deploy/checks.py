@@ -14,7 +14,11 @@ WORKDIR/rules.txt (those directories and where their files come from), and check
 - envoy.yaml parses as an Envoy v3 Bootstrap, strictly, with the protoc-gen-validate
   rules that matter (required fields, minimum lengths), and its clusters line up;
 - the Istio and Envoy examples send exactly the descriptors their rule files limit;
-- the Dockerfile has its stages, builds with --locked and runs as non-root.
+- the Dockerfile has its stages, builds with --locked and runs as non-root;
+- the Grafana dashboards parse, and every panel queries Prometheus through the dashboard's
+  data source variable; the Prometheus rule files parse and every alert has an expression,
+  a severity and a summary (that every metric they name exists is checked against a real
+  service by `cargo test --test metrics`).
 
 Exits 1 after reporting every failure.
 """
@@ -499,6 +503,42 @@ def check_dockerfile():
     ok(f"{where}: stages {[s['name'] or '(runtime)' for s in stages]}, --locked build, non-root runtime")
 
 
+def check_observability():
+    for path in sorted((DEPLOY / "grafana").glob("*.json")):
+        where = path.relative_to(REPO)
+        try:
+            dashboard = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            fail(where, f"invalid JSON: {error}")
+            continue
+        variables = {v.get("name") for v in dashboard.get("templating", {}).get("list", [])}
+        panels = dashboard.get("panels", [])
+        if not panels or not dashboard.get("uid"):
+            fail(where, "a dashboard needs a uid and panels")
+        for panel in panels:
+            title = panel.get("title", panel.get("id"))
+            uid = panel.get("datasource", {}).get("uid", "")
+            if uid.strip("${}") not in variables:
+                fail(where, f"panel {title!r}: data source {uid!r} is not a dashboard variable")
+            if not panel.get("targets") or not all(t.get("expr") for t in panel["targets"]):
+                fail(where, f"panel {title!r}: every target needs a PromQL `expr`")
+        ok(f"{where}: {len(panels)} panels")
+    for path in sorted((DEPLOY / "prometheus").glob("*.yaml")):
+        where = path.relative_to(REPO)
+        groups = (yaml.safe_load(path.read_text()) or {}).get("groups") or []
+        alerts = [rule for group in groups for rule in group.get("rules") or []]
+        if not alerts:
+            fail(where, "no rules")
+        for rule in alerts:
+            name = rule.get("alert") or rule.get("record")
+            if not name or not rule.get("expr"):
+                fail(where, f"rule {name!r} needs a name and an `expr`")
+            if rule.get("alert") and not (rule.get("labels", {}).get("severity")
+                                          and rule.get("annotations", {}).get("summary")):
+                fail(where, f"alert {name!r} needs labels.severity and annotations.summary")
+        ok(f"{where}: {len(alerts)} rules")
+
+
 def main():
     work = pathlib.Path(sys.argv[1])
     renders = split_renders(work)
@@ -513,6 +553,7 @@ def main():
     copy_rules(work, "example-istio", DEPLOY / "istio" / "floodgate-rules.yaml", listing)
     copy_rules(work, "example-envoy", DEPLOY / "envoy" / "floodgate-rules.yaml", listing)
     check_dockerfile()
+    check_observability()
     (work / "rules.txt").write_text("".join(line + "\n" for line in listing))
     for line in failures:
         print(f"FAIL {line}")

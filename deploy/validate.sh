@@ -7,7 +7,9 @@
 # 2. renders every kustomization under deploy/ with `kubectl kustomize`;
 # 3. deploy/checks.py: CRDs (EnvoyFilter) and the Envoy bootstrap parsed as Envoy v3
 #    protos, the Deployment's probe/drain/mount contract, the Istio cluster name against
-#    the rendered Service, descriptors sent vs. rules, and the Dockerfile;
+#    the rendered Service, descriptors sent vs. rules, the Dockerfile, the Grafana
+#    dashboards (JSON) and the Prometheus alert rules (`promtool check rules` too when
+#    promtool is installed);
 # 4. validates every rendered Kubernetes object against the API schemas, strictly (unknown
 #    fields fail), for the newest Kubernetes and for the oldest one the manifests support;
 # 5. `sh -n` over the shell scripts;
@@ -77,6 +79,11 @@ done < <(find deploy -name kustomization.yaml | sort)
 
 step "floodgate contract, CRDs, Envoy protos, descriptors vs. rules, Dockerfile"
 "$py" deploy/checks.py "$work"
+
+if command -v promtool >/dev/null; then
+  step "promtool check rules"
+  promtool check rules deploy/prometheus/*.yaml
+fi
 
 step "Kubernetes schemas (--strict), $min_kubernetes and newest"
 for version in "$min_kubernetes" ""; do

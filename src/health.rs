@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -23,15 +24,18 @@ const PING_INTERVAL: Duration = Duration::from_millis(500);
 /// Shared readiness state.
 pub struct Health {
     reporter: HealthReporter,
+    /// `floodgate_ready`: mirrors what was last published.
+    ready_gauge: Gauge,
     ready: AtomicBool,
     shutting_down: AtomicBool,
 }
 
 impl Health {
-    /// Starts NOT_SERVING for both service names.
-    pub async fn new(reporter: HealthReporter) -> Arc<Health> {
+    /// Starts NOT_SERVING for both service names; every change is also set on `ready_gauge`.
+    pub async fn new(reporter: HealthReporter, ready_gauge: Gauge) -> Arc<Health> {
         let health = Arc::new(Health {
             reporter,
+            ready_gauge,
             ready: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
         });
@@ -67,6 +71,7 @@ impl Health {
     }
 
     async fn publish(&self, ready: bool) {
+        self.ready_gauge.set(i64::from(ready));
         let status = if ready {
             ServingStatus::Serving
         } else {

@@ -31,6 +31,9 @@ pub struct DescriptorRule {
     pub value: Option<String>,
     /// For a wildcard value: every matching value shares one bucket.
     pub share_threshold: bool,
+    /// The request's value at this level goes into the metric key (when matched by wildcard
+    /// or key only), whether or not this node has the rate limit.
+    pub value_to_metric: bool,
     /// The rate limit at this node, if any.
     pub rule: Option<Arc<Rule>>,
     /// Nodes that match the next entry.
@@ -59,35 +62,54 @@ pub struct Matched<'a> {
     /// Per level: the entry key, the value naming the bucket (the runtime value, or the
     /// pattern under `share_threshold`), and how the level matched.
     pub levels: Vec<(&'a str, &'a str, LevelMatch)>,
+    /// Per level, for the metric key: the wildcard pattern that matched (if one did) and the
+    /// matched node's `value_to_metric`.
+    metric_levels: Vec<(Option<&'a str>, bool)>,
 }
 
 impl Matched<'_> {
-    /// The metric key of this match: the rule path, unless the rule asks for values in it
-    /// (`detailed_metric`: every level's runtime value; `value_to_metric`: runtime values at
-    /// wildcard and key-only levels).
+    /// The metric key of this match, built as the reference service builds it, level by
+    /// level. With the rule's `detailed_metric`, every level shows its runtime value
+    /// (`key_value`; a `share_threshold` level its pattern). Otherwise an exact level shows
+    /// its value, a key-only level its runtime value only under its own `value_to_metric`,
+    /// and a wildcard level its pattern, or its runtime value under its own
+    /// `value_to_metric` unless it shares one bucket (`share_threshold`). Without any of
+    /// these flags that is the rule path, returned without allocating.
     pub fn metric_key(&self, entries: &[(String, String)]) -> Cow<'_, str> {
         let rule = self.rule;
-        if !rule.detailed_metric && !rule.value_to_metric {
+        let any_value = self.metric_levels.iter().any(|&(_, shown)| shown);
+        if !rule.detailed_metric && !any_value {
             return Cow::Borrowed(&rule.path);
         }
+        let shared = |how: &LevelMatch| matches!(how, LevelMatch::Wildcard { shared: true });
+        let any_shared = self.levels.iter().any(|(_, _, how)| shared(how));
         let mut key = String::new();
-        for ((entry_key, value), (_, bucket_value, how)) in entries.iter().zip(&self.levels) {
+        let levels = self.levels.iter().zip(&self.metric_levels);
+        for ((entry_key, value), ((_, bucket_value, how), &(pattern, value_to_metric))) in
+            entries.iter().zip(levels)
+        {
             if !key.is_empty() {
                 key.push('.');
             }
             key.push_str(entry_key);
             let shown = match how {
-                _ if rule.detailed_metric => Some(value.as_str()),
-                LevelMatch::Exact => Some(*bucket_value),
-                LevelMatch::Wildcard { .. } | LevelMatch::Default if rule.value_to_metric => {
-                    Some(value.as_str())
+                LevelMatch::Wildcard { shared: true } => Some(*bucket_value),
+                // The reference writes `key_` for an empty value here, unless some level
+                // shares its bucket.
+                _ if rule.detailed_metric && !any_shared => Some(value.as_str()),
+                _ if rule.detailed_metric || value_to_metric => {
+                    Some(value.as_str()).filter(|value| !value.is_empty())
                 }
-                LevelMatch::Wildcard { .. } => Some(*bucket_value),
+                LevelMatch::Exact => Some(*bucket_value),
+                LevelMatch::Wildcard { .. } => pattern,
                 LevelMatch::Default => None,
             };
             if let Some(shown) = shown {
                 let _ = write!(key, "_{shown}");
             }
+        }
+        if key == rule.path {
+            return Cow::Borrowed(&rule.path);
         }
         Cow::Owned(key)
     }
@@ -176,6 +198,7 @@ impl PrefixIndex {
 struct Node {
     rule: Option<Arc<Rule>>,
     share_threshold: bool,
+    value_to_metric: bool,
     children: Level,
 }
 
@@ -216,13 +239,19 @@ impl Matcher {
     ) -> Option<Matched<'a>> {
         let mut level = self.domains.get(domain)?;
         let mut levels = Vec::with_capacity(entries.len());
+        let mut metric_levels = Vec::with_capacity(entries.len());
         let last = entries.len().checked_sub(1)?;
         for (depth, (key, value)) in entries.iter().enumerate() {
-            let (node, bucket_value, how) = level.find(key, value)?;
+            let (node, bucket_value, how, pattern) = level.find(key, value)?;
             levels.push((key.as_str(), bucket_value, how));
+            metric_levels.push((pattern, node.value_to_metric));
             if depth == last {
                 let rule = node.rule.as_ref()?;
-                return Some(Matched { rule, levels });
+                return Some(Matched {
+                    rule,
+                    levels,
+                    metric_levels,
+                });
             }
             level = &node.children;
         }
@@ -230,11 +259,15 @@ impl Matcher {
     }
 }
 
+/// What [`Level::find`] found: the node, the value naming its bucket, how the level matched
+/// and the wildcard pattern that matched (if one did).
+type Found<'a> = (&'a Node, &'a str, LevelMatch, Option<&'a str>);
+
 impl Level {
-    fn find<'a>(&'a self, key: &str, value: &'a str) -> Option<(&'a Node, &'a str, LevelMatch)> {
+    fn find<'a>(&'a self, key: &str, value: &'a str) -> Option<Found<'a>> {
         let nodes = self.keys.get(key)?;
         if let Some(node) = nodes.exact.get(value) {
-            return Some((node, value, LevelMatch::Exact));
+            return Some((node, value, LevelMatch::Exact, None));
         }
         let first_match = nodes
             .wildcard_index
@@ -245,12 +278,13 @@ impl Level {
         if let Some((pattern, node)) = first_match {
             let shared = node.share_threshold;
             let bucket_value = if shared { pattern.as_str() } else { value };
-            return Some((node, bucket_value, LevelMatch::Wildcard { shared }));
+            let how = LevelMatch::Wildcard { shared };
+            return Some((node, bucket_value, how, Some(pattern.as_str())));
         }
         nodes
             .default
             .as_ref()
-            .map(|node| (node, value, LevelMatch::Default))
+            .map(|node| (node, value, LevelMatch::Default, None))
     }
 }
 
@@ -263,6 +297,7 @@ fn compile_level(descriptors: Vec<DescriptorRule>, rules: &mut Vec<Arc<Rule>>) -
         let node = Node {
             rule: descriptor.rule,
             share_threshold: descriptor.share_threshold,
+            value_to_metric: descriptor.value_to_metric,
             children: compile_level(descriptor.children, rules),
         };
         let nodes = level.keys.entry(descriptor.key).or_default();
@@ -342,6 +377,7 @@ mod tests {
             key: key.into(),
             value: value.map(Into::into),
             share_threshold: false,
+            value_to_metric: false,
             rule: limited.then(|| rule(&path)),
             children,
         }
@@ -473,7 +509,7 @@ mod tests {
         let mut detailed = plain.clone();
         let mut with_value = plain.clone();
         Arc::make_mut(detailed.rule.as_mut().unwrap()).detailed_metric = true;
-        Arc::make_mut(with_value.rule.as_mut().unwrap()).value_to_metric = true;
+        with_value.value_to_metric = true;
         let entries = entries(&[("user", "alice")]);
         for (descriptor, expected) in [
             (&mut plain, "user"),
@@ -487,6 +523,54 @@ mod tests {
             let matched = m.lookup("d", &entries).unwrap();
             assert_eq!(matched.metric_key(&entries), expected);
         }
+    }
+
+    /// The reference's per-level `value_to_metric`: each flag shows its own level's value.
+    #[test]
+    fn value_to_metric_shows_the_value_of_its_own_level() {
+        let flagged = |mut descriptor: DescriptorRule| {
+            descriptor.value_to_metric = true;
+            descriptor
+        };
+        let subject = node("subject_id", None, true, vec![]);
+        let method = flagged(node("http_method", None, false, vec![subject.clone()]));
+        let mut shared = flagged(node("s", Some("s*"), false, vec![subject.clone()]));
+        shared.share_threshold = true;
+        let mut detailed = node("leaf", None, true, vec![]);
+        Arc::make_mut(detailed.rule.as_mut().unwrap()).detailed_metric = true;
+        let m = Matcher::new(vec![DomainRules {
+            domain: "d".into(),
+            descriptors: vec![
+                node("route", Some("draw"), false, vec![method]),
+                node("w", Some("x*"), false, vec![flagged(subject.clone())]),
+                flagged(node("v", Some("y*"), false, vec![subject])),
+                shared,
+                flagged(node("k", None, false, vec![detailed])),
+            ],
+        }]);
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[
+                    ("route", "draw"),
+                    ("http_method", "GET"),
+                    ("subject_id", "123"),
+                ],
+                "route_draw.http_method_GET.subject_id",
+            ),
+            (&[("w", "x1"), ("subject_id", "7")], "w_x*.subject_id_7"),
+            (&[("w", "x1"), ("subject_id", "")], "w_x*.subject_id"),
+            (&[("v", "y1"), ("subject_id", "7")], "v_y1.subject_id"),
+            (&[("s", "s1"), ("subject_id", "7")], "s_s*.subject_id"),
+            (&[("k", "a"), ("leaf", "b")], "k_a.leaf_b"),
+            (&[("k", ""), ("leaf", "")], "k_.leaf_"),
+        ];
+        for (pairs, expected) in cases {
+            let entries = entries(pairs);
+            let matched = m.lookup("d", &entries).unwrap();
+            assert_eq!(matched.metric_key(&entries), *expected, "{pairs:?}");
+        }
+        let plain = entries(&[("route", "draw"), ("http_method", "GET")]);
+        assert!(m.lookup("d", &plain).is_none());
     }
 
     #[test]

@@ -2,20 +2,42 @@
 //!
 //! Per-rule counters keep the reference service's names
 //! (`ratelimit_service_rate_limit_<stat>{domain,key}`), where `key` is the rule path, so the
-//! label set is bounded by the config (unless a rule opts into `detailed_metric`). The
-//! client library appends `_total` to counters, which Prometheus treats as the same series.
+//! label set is bounded by the config. The client library appends `_total` to counters,
+//! which Prometheus treats as the same series.
+//!
+//! Keys built from what a request sends (`detailed_metric`, `value_to_metric`, limit
+//! overrides) would let clients create series without end, so they are bounded: such a key
+//! gets its own series only while fewer than `max_series` request-made series exist and the
+//! key is at most [`MAX_REQUEST_KEY_BYTES`] long; otherwise its hits fold into the domain's
+//! [`OVERFLOW_KEY`] series and `floodgate_metric_series_overflow` counts the fold. A reload
+//! drops the series of rules it removed ([`Metrics::retain_rules`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::rules::Rule;
+
+/// Default of `--max-metric-series`: request-made per-rule series (each key is six series,
+/// one per per-rule counter), so about 1,666 keys and well under 1 MB of `/metrics`.
+pub const DEFAULT_MAX_METRIC_SERIES: usize = 10_000;
+/// Longest request-made metric key kept as its own series; longer ones fold into
+/// [`OVERFLOW_KEY`]. Bounds the memory of each series next to their number.
+pub const MAX_REQUEST_KEY_BYTES: usize = 256;
+/// The `key` label request-made series fold into past the cap.
+pub const OVERFLOW_KEY: &str = "_overflow";
+/// Series per key: one per per-rule counter.
+const SERIES_PER_KEY: usize = 6;
 
 /// Labels of the per-rule counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,12 +72,34 @@ pub struct RuleCounters {
     pub over_limit_with_local_cache: Counter,
 }
 
+/// One per-rule key's counters and what they belong to.
+struct Series {
+    counters: Arc<RuleCounters>,
+    /// The rule path whose removal drops this series; `None` for series of the domain itself
+    /// (limit overrides, the overflow series).
+    rule: Option<String>,
+    /// Whether the key came from a request, so it counts against the cap.
+    request_made: bool,
+}
+
+/// Every per-rule key in use: domain -> key -> series, looked up with borrowed strings so a
+/// hit allocates nothing.
+#[derive(Default)]
+struct SeriesIndex {
+    domains: HashMap<String, HashMap<String, Series>>,
+    /// Request-made keys held now.
+    request_made: usize,
+}
+
 /// The whole metric set, shared by the limiter, service, admin and reloader.
 pub struct Metrics {
     registry: Registry,
     per_rule: PerRuleFamilies,
-    /// domain -> key -> counters: looked up with borrowed strings, so a hit allocates nothing.
-    rule_cache: RwLock<HashMap<String, HashMap<String, Arc<RuleCounters>>>>,
+    series: RwLock<SeriesIndex>,
+    /// Most request-made per-rule series (six per key) before keys fold into the overflow.
+    max_series: usize,
+    /// Reads the memory backend's eviction count at scrape time, once one is attached.
+    evictions: Arc<EvictionsCollector>,
     /// gRPC/JSON request latency, seconds.
     pub request_latency: Histogram,
     /// Backend round-trip latency, seconds.
@@ -76,6 +120,54 @@ pub struct Metrics {
     pub local_cache_hits: Counter,
     /// Requests rejected as invalid before evaluation.
     pub invalid_requests: Counter,
+    /// Answers by code: `OK`, `OVER_LIMIT`, `INVALID_ARGUMENT`, `UNAVAILABLE`.
+    pub decisions: Family<CodeLabels, Counter>,
+    /// Hits counted in an overflow series because their key could not have its own.
+    pub series_overflow: Counter,
+    /// 1 while the readiness latch says SERVING, else 0.
+    pub ready: Gauge,
+}
+
+/// Labels of the decision counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// The answer: `OK`, `OVER_LIMIT`, `INVALID_ARGUMENT` or `UNAVAILABLE`.
+    pub code: &'static str,
+}
+
+/// Every decision code, so each series exists (at 0) before its first answer.
+pub const DECISION_CODES: [&str; 4] = ["OK", "OVER_LIMIT", "INVALID_ARGUMENT", "UNAVAILABLE"];
+
+/// A source of the memory backend's eviction count.
+type EvictionSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// Exports `floodgate_memory_evictions` from the backend's own count at each scrape, so the
+/// backend keeps one counter and needs no handle into the metrics.
+#[derive(Default)]
+struct EvictionsCollector {
+    source: RwLock<Option<EvictionSource>>,
+}
+
+impl fmt::Debug for EvictionsCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EvictionsCollector")
+    }
+}
+
+impl Collector for EvictionsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let Some(count) = self.source.read().as_ref().and_then(|source| source()) else {
+            return Ok(());
+        };
+        let counter = ConstCounter::new(count);
+        let metric = encoder.encode_descriptor(
+            "floodgate_memory_evictions",
+            "Live buckets the memory backend dropped to respect --memory-max-buckets",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
 }
 
 #[derive(Clone, Default)]
@@ -86,6 +178,22 @@ struct PerRuleFamilies {
     within_limit: Family<RuleLabels, Counter>,
     shadow_mode: Family<RuleLabels, Counter>,
     over_limit_with_local_cache: Family<RuleLabels, Counter>,
+}
+
+impl PerRuleFamilies {
+    /// Drops one key's series from every per-rule family.
+    fn remove(&self, labels: &RuleLabels) {
+        for family in [
+            &self.total_hits,
+            &self.over_limit,
+            &self.near_limit,
+            &self.within_limit,
+            &self.shadow_mode,
+            &self.over_limit_with_local_cache,
+        ] {
+            family.remove(labels);
+        }
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -100,8 +208,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Builds and registers every metric.
+    /// Builds and registers every metric, with the default cap on request-made series.
     pub fn new() -> Metrics {
+        Metrics::with_max_series(DEFAULT_MAX_METRIC_SERIES)
+    }
+
+    /// Builds and registers every metric; at most `max_series` request-made per-rule series
+    /// (six per key) exist at once.
+    pub fn with_max_series(max_series: usize) -> Metrics {
         let mut registry = Registry::default();
         let per_rule = PerRuleFamilies::default();
         {
@@ -137,9 +251,13 @@ impl Metrics {
                 per_rule.over_limit_with_local_cache.clone(),
             );
         }
+        let evictions = Arc::new(EvictionsCollector::default());
+        registry.register_collector(Box::new(Arc::clone(&evictions)));
         let metrics = Metrics {
             per_rule,
-            rule_cache: RwLock::default(),
+            series: RwLock::default(),
+            max_series,
+            evictions,
             request_latency: latency_histogram(),
             backend_latency: latency_histogram(),
             backend_errors: Family::default(),
@@ -150,8 +268,14 @@ impl Metrics {
             loaded_rules: Gauge::default(),
             local_cache_hits: Counter::default(),
             invalid_requests: Counter::default(),
+            decisions: Family::default(),
+            series_overflow: Counter::default(),
+            ready: Gauge::default(),
             registry: Registry::default(),
         };
+        for code in DECISION_CODES {
+            let _ = metrics.decisions.get_or_create(&CodeLabels { code });
+        }
         let fg = registry.sub_registry_with_prefix("floodgate");
         fg.register(
             "request_latency_seconds",
@@ -203,21 +327,72 @@ impl Metrics {
             "Requests rejected as invalid",
             metrics.invalid_requests.clone(),
         );
+        fg.register(
+            "decisions",
+            "ShouldRateLimit and /json answers by code",
+            metrics.decisions.clone(),
+        );
+        fg.register(
+            "metric_series_overflow",
+            "Hits counted in an _overflow series: their request-made key found no room",
+            metrics.series_overflow.clone(),
+        );
+        fg.register(
+            "ready",
+            "1 while ready (gRPC health SERVING, /healthcheck 200), else 0",
+            metrics.ready.clone(),
+        );
         Metrics {
             registry,
             ..metrics
         }
     }
 
-    /// The counters of one rule (domain, metric key), created on first use.
-    pub fn rule(&self, domain: &str, key: &str) -> Arc<RuleCounters> {
-        if let Some(counters) = self
-            .rule_cache
+    /// The counters of a rule path (bounded by the config), created on first use.
+    pub fn rule(&self, domain: &str, path: &str) -> Arc<RuleCounters> {
+        self.series(domain, Some(path), path)
+    }
+
+    /// The counters of `key` in `domain`. `rule` is the path of the configured rule the key
+    /// belongs to (`None` for a limit override). A key other than the rule path itself was
+    /// built from the request, so it is bounded: past the cap or the length limit it folds
+    /// into the domain's [`OVERFLOW_KEY`] series (the caller must only pass known domains).
+    pub fn series(&self, domain: &str, rule: Option<&str>, key: &str) -> Arc<RuleCounters> {
+        if let Some(series) = self
+            .series
             .read()
+            .domains
             .get(domain)
             .and_then(|keys| keys.get(key))
         {
-            return Arc::clone(counters);
+            return Arc::clone(&series.counters);
+        }
+        let request_made = rule != Some(key);
+        let mut index = self.series.write();
+        if let Some(series) = index.domains.get(domain).and_then(|keys| keys.get(key)) {
+            return Arc::clone(&series.counters);
+        }
+        let room = index.request_made * SERIES_PER_KEY + SERIES_PER_KEY <= self.max_series;
+        if request_made && (!room || key.len() > MAX_REQUEST_KEY_BYTES) {
+            self.series_overflow.inc();
+            return self.create(&mut index, domain, OVERFLOW_KEY, None, false);
+        }
+        index.request_made += usize::from(request_made);
+        self.create(&mut index, domain, key, rule, request_made)
+    }
+
+    /// The series of `key`, created and indexed unless it exists.
+    fn create(
+        &self,
+        index: &mut SeriesIndex,
+        domain: &str,
+        key: &str,
+        rule: Option<&str>,
+        request_made: bool,
+    ) -> Arc<RuleCounters> {
+        let keys = index.domains.entry(domain.to_owned()).or_default();
+        if let Some(series) = keys.get(key) {
+            return Arc::clone(&series.counters);
         }
         let labels = RuleLabels {
             domain: domain.to_owned(),
@@ -235,9 +410,60 @@ impl Metrics {
                 .get_or_create(&labels)
                 .clone(),
         });
-        let mut cache = self.rule_cache.write();
-        let keys = cache.entry(labels.domain).or_default();
-        Arc::clone(keys.entry(labels.key).or_insert(counters))
+        keys.insert(
+            labels.key,
+            Series {
+                counters: Arc::clone(&counters),
+                rule: rule.map(str::to_owned),
+                request_made,
+            },
+        );
+        counters
+    }
+
+    /// Drops the series of domains and rules no longer in `rules` (called on every reload),
+    /// so removed rules neither linger in `/metrics` nor hold room under the cap. Series of a
+    /// domain that stays (overrides, the overflow) stay with it.
+    pub fn retain_rules(&self, rules: &[Arc<Rule>]) {
+        let domains: HashSet<&str> = rules.iter().map(|rule| rule.domain.as_str()).collect();
+        let paths: HashSet<(&str, &str)> = rules
+            .iter()
+            .map(|rule| (rule.domain.as_str(), rule.path.as_str()))
+            .collect();
+        let mut index = self.series.write();
+        let mut dropped = 0;
+        let families = &self.per_rule;
+        index.domains.retain(|domain, keys| {
+            let domain_stays = domains.contains(domain.as_str());
+            keys.retain(|key, series| {
+                let stays = domain_stays
+                    && series
+                        .rule
+                        .as_deref()
+                        .is_none_or(|path| paths.contains(&(domain.as_str(), path)));
+                if !stays {
+                    dropped += usize::from(series.request_made);
+                    families.remove(&RuleLabels {
+                        domain: domain.clone(),
+                        key: key.clone(),
+                    });
+                }
+                stays
+            });
+            !keys.is_empty()
+        });
+        index.request_made -= dropped;
+    }
+
+    /// Exports `floodgate_memory_evictions` from `source` (the backend's own count; `None`
+    /// for backends without evictions) at every scrape.
+    pub fn export_evictions(&self, source: impl Fn() -> Option<u64> + Send + Sync + 'static) {
+        *self.evictions.source.write() = Some(Box::new(source));
+    }
+
+    /// Counts one answer by its code (one of [`DECISION_CODES`]).
+    pub fn decided(&self, code: &'static str) {
+        self.decisions.get_or_create(&CodeLabels { code }).inc();
     }
 
     /// Counts one backend failure.

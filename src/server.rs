@@ -52,6 +52,8 @@ pub struct Settings {
     /// Pause between reporting NOT_SERVING and closing the listeners, so load balancers
     /// stop sending first.
     pub shutdown_grace: Duration,
+    /// Most per-rule metric series built from request values (`--max-metric-series`).
+    pub max_metric_series: usize,
 }
 
 /// Why the server could not start or run.
@@ -95,9 +97,11 @@ impl Server {
         let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
             .await
             .map_err(|e| ServerError::Serve(e.to_string()))??;
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::with_max_series(settings.max_metric_series));
         metrics.config_load_success.inc();
         let backend = backend::connect(&settings.backend).await?;
+        let evicting = Arc::clone(&backend);
+        metrics.export_evictions(move || evicting.evictions());
         let mut options = settings.limiter.clone();
         if matches!(settings.backend, BackendSettings::Memory { .. }) {
             // The memory backend answers as fast as the cache would, and exactly.
@@ -145,7 +149,7 @@ impl Server {
         // Created first: this installs the SIGHUP handler before the addresses are announced.
         let reloader = reload::watch(self.settings.config_dir.clone(), Arc::clone(&self.limiter));
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter).await;
+        let health = Health::new(reporter, self.limiter.metrics().ready.clone()).await;
         health
             .check_once(self.backend.as_ref(), self.settings.limiter.backend_timeout)
             .await;

@@ -89,6 +89,7 @@ impl RlsService {
         }
         .await;
         Metrics::observe(&metrics.request_latency, started.elapsed());
+        metrics.decided(decision_code(&result));
         if let Err(DecideError::Unavailable(error)) = &result {
             tracing::debug!(%error, "answering UNAVAILABLE");
         }
@@ -110,6 +111,16 @@ impl RateLimitService for RlsService {
             .map(|timeout| Instant::now() + budget_within(timeout));
         let response = self.decide(request.get_ref(), deadline).await?;
         Ok(GrpcResponse::new(response))
+    }
+}
+
+/// The `floodgate_decisions` code of an answer.
+fn decision_code(result: &Result<RateLimitResponse, DecideError>) -> &'static str {
+    match result {
+        Ok(response) if response.overall_code == ProtoCode::OverLimit as i32 => "OVER_LIMIT",
+        Ok(_) => "OK",
+        Err(DecideError::Invalid(_)) => "INVALID_ARGUMENT",
+        Err(DecideError::Unavailable(_)) => "UNAVAILABLE",
     }
 }
 

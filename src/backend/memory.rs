@@ -409,6 +409,10 @@ impl Backend for MemoryBackend {
     fn name(&self) -> &'static str {
         "memory"
     }
+
+    fn evictions(&self) -> Option<u64> {
+        Some(MemoryBackend::evictions(self))
+    }
 }
 
 #[cfg(test)]

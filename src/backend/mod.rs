@@ -235,6 +235,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
     fn name(&self) -> &'static str;
+
+    /// Live buckets dropped so far to respect a cap on held state, for backends that have
+    /// one (memory); exported as `floodgate_memory_evictions`.
+    fn evictions(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Which backend to run, and how to reach it.

@@ -61,6 +61,8 @@ pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = 1_000_000;
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// Default pause between reporting NOT_SERVING and closing the listeners, in ms.
 pub const DEFAULT_HEALTH_GRACE_MS: u64 = 2_000;
+/// Default cap on request-made per-rule metric series.
+pub const DEFAULT_MAX_METRIC_SERIES: usize = crate::metrics::DEFAULT_MAX_METRIC_SERIES;
 
 /// `floodgate [serve flags] | floodgate serve [flags] | floodgate check-config DIR`.
 #[derive(Debug, Parser)]
@@ -218,6 +220,10 @@ pub struct ServeArgs {
     /// Envoy stops sending before the port closes.
     #[arg(long, env = "FLOODGATE_HEALTH_GRACE_MS", value_name = "MS", default_value_t = DEFAULT_HEALTH_GRACE_MS)]
     pub health_grace_ms: u64,
+    /// Most per-rule metric series built from request values (`detailed_metric`,
+    /// `value_to_metric`, limit overrides), six per key; past it they fold into `_overflow`.
+    #[arg(long, env = "FLOODGATE_MAX_METRIC_SERIES", value_name = "N", default_value_t = DEFAULT_MAX_METRIC_SERIES)]
+    pub max_metric_series: usize,
 }
 
 impl ServeArgs {
@@ -283,6 +289,7 @@ impl ServeArgs {
             header_mode: self.response_headers,
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             shutdown_grace: Duration::from_millis(self.health_grace_ms),
+            max_metric_series: self.max_metric_series,
         })
     }
 }

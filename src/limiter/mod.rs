@@ -177,9 +177,12 @@ impl Limited {
         }
     }
 
-    /// Counts this descriptor's hits in the reference's per-rule stats.
+    /// Counts this descriptor's hits in the reference's per-rule stats. The cost counted is
+    /// clamped to the capacity + 1: no single request can be admitted past the capacity, and
+    /// a client-chosen cost (up to 2^64 - 1) would otherwise saturate or wrap the counters.
     fn record(&self, outcome: &Outcome, from_cache: bool) {
-        let (counters, cost) = (&self.counters, self.cost);
+        let counters = &self.counters;
+        let cost = self.cost.min(self.capacity().saturating_add(1));
         counters.total_hits.inc_by(cost);
         if outcome.allowed {
             counters.within_limit.inc_by(cost);
@@ -318,6 +321,7 @@ impl Limiter {
     pub fn replace_rules(&self, rules: Matcher) {
         self.metrics.loaded_rules.set(rules.rules().len() as i64);
         self.rules.store(Arc::new(rules));
+        self.metrics.retain_rules(self.rules.load().rules());
         // A changed limit may have room where the old one had none.
         if let Some(cache) = &self.cache {
             cache.clear();
@@ -570,14 +574,18 @@ fn resolve(
         let policy = *rule.policy()?;
         let levels = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let bucket = BucketKey::new(domain, &rule.path, levels, &policy);
-        // Label by the entry keys only: values come from requests and would make the
-        // metric's cardinality unbounded.
+        // Label by the entry keys only (values would be one series per client); the keys come
+        // from requests too, so the series is capped like any request-made one.
         let keys: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
-        let counters = metrics.rule(domain, &keys.join("."));
+        let counters = metrics.series(domain, None, &keys.join("."));
         return Some((rule, Some(bucket), counters));
     }
     let matched = rules.lookup(domain, entries)?;
-    let counters = metrics.rule(domain, &matched.metric_key(entries));
+    let counters = metrics.series(
+        domain,
+        Some(&matched.rule.path),
+        &matched.metric_key(entries),
+    );
     let rule = Arc::clone(matched.rule);
     let bucket = rule.policy().map(|policy| {
         let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));
@@ -587,7 +595,8 @@ fn resolve(
 }
 
 /// The fixed-window rule an Envoy limit override stands for. Its path is the reference's
-/// descriptor key (`k1_v1.k2_v2`), which also names its metrics.
+/// descriptor key (`k1_v1.k2_v2`), which names its bucket (its metrics are named by the
+/// entry keys only, see `resolve`).
 fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverride) -> Rule {
     let path = entries
         .iter()

@@ -31,6 +31,7 @@ fn node(key: &str, rule: Rule) -> DescriptorRule {
         key: key.into(),
         value: None,
         share_threshold: false,
+        value_to_metric: false,
         rule: Some(Arc::new(rule)),
         children: vec![],
     }

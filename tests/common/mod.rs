@@ -63,6 +63,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         header_mode: HeaderMode::Off,
         drain_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::ZERO,
+        max_metric_series: floodgate::metrics::DEFAULT_MAX_METRIC_SERIES,
     }
 }
 

@@ -202,6 +202,7 @@ impl Validator<'_> {
             key: raw.key.unwrap_or_default(),
             value,
             share_threshold: raw.share_threshold,
+            value_to_metric: raw.value_to_metric,
             rule,
             children,
         }

@@ -526,7 +526,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
             .collect();
-        assert_eq!(flags.len(), 18);
+        assert_eq!(flags.len(), 19);
         for arg in flags {
             let long = arg.get_long().unwrap();
             let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

@@ -3,6 +3,7 @@
 //! `redis-server` nodes and clusters in `redis`.
 #![allow(dead_code)]
 
+pub mod pki;
 pub mod redis;
 
 use std::path::Path;
@@ -63,6 +64,9 @@ pub fn settings(config_dir: &Path) -> Settings {
         header_mode: HeaderMode::Off,
         drain_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::ZERO,
+        grpc_tls: None,
+        grpc_limits: Default::default(),
+        admin_json: true,
     }
 }
 

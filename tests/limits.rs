@@ -245,3 +245,52 @@ async fn admin_json_can_be_turned_off() {
     assert_eq!(status, 200);
     off.stop().await;
 }
+
+#[tokio::test]
+async fn every_key_written_to_redis_has_a_ttl() {
+    const RULES: &str = "domain: ttl\ndescriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: token
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: token_bucket}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_log}
+  - key: lock
+    rate_limit: {unit: minute, requests_per_unit: 1, lockout_seconds: 900}
+";
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = TestServer::start_with(&[("ttl.yaml", RULES)], move |settings| {
+        settings.backend = BackendSettings::Redis {
+            url,
+            options: common::redis_options(Duration::from_secs(2)),
+        };
+        settings.limiter.backend_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let mut client = client(server.grpc).await;
+    let mut over_limit = 0;
+    for key in ["fixed", "token", "sliding", "log", "lock"] {
+        for value in 0..5 {
+            // Past every limit, so lockouts engage and over-limit paths write too.
+            for _ in 0..4 {
+                let call = request("ttl", vec![descriptor(&[(key, &value.to_string())])]);
+                let answer = client.should_rate_limit(call).await.expect("answered");
+                if answer.into_inner().overall_code() == Code::OverLimit {
+                    over_limit += 1;
+                }
+            }
+        }
+    }
+    assert!(over_limit > 0, "no call went over its limit");
+    let keys = redis.cli(&["KEYS", "*"]);
+    let keys: Vec<&str> = keys.lines().filter(|key| !key.is_empty()).collect();
+    assert!(keys.len() >= 25, "only {} keys: {keys:?}", keys.len());
+    for key in keys {
+        let ttl: i64 = redis.cli(&["PTTL", key]).parse().expect("PTTL is a number");
+        assert!(ttl > 0, "{key} has PTTL {ttl}");
+    }
+    server.stop().await;
+}

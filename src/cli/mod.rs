@@ -130,6 +130,8 @@ pub fn serve_matches(matches: &ArgMatches) -> &ArgMatches {
 }
 
 /// The subcommands.
+// Parsed once per process: boxing the serve settings would save nothing that matters.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the rate-limit service (the default).

@@ -339,9 +339,9 @@ impl Mapper<'_> {
             return Ok(());
         }
         let given_by_flags = self.explicit(GRPC_TLS_CERT) || self.explicit(GRPC_TLS_KEY);
-        if !given_by_flags
-            && !(self.is_set("GRPC_SERVER_TLS_CERT") && self.is_set("GRPC_SERVER_TLS_KEY"))
-        {
+        let given_by_variables =
+            self.is_set("GRPC_SERVER_TLS_CERT") && self.is_set("GRPC_SERVER_TLS_KEY");
+        if !(given_by_flags || given_by_variables) {
             return Err(invalid(
                 "GRPC_SERVER_USE_TLS",
                 "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (or --grpc-tls-cert and \
@@ -365,16 +365,16 @@ impl Mapper<'_> {
 
     /// `GRPC_MAX_CONNECTION_AGE` and `_GRACE`, Go durations as in the reference.
     fn grpc_connections(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
-        if self.claim(GRPC_MAX_CONNECTION_AGE, &["GRPC_MAX_CONNECTION_AGE"]) {
-            if let Some(age) = self.parse("GRPC_MAX_CONNECTION_AGE", str::parse::<GoDuration>)? {
-                args.grpc_max_connection_age = age;
-            }
+        if self.claim(GRPC_MAX_CONNECTION_AGE, &["GRPC_MAX_CONNECTION_AGE"])
+            && let Some(age) = self.parse("GRPC_MAX_CONNECTION_AGE", str::parse::<GoDuration>)?
+        {
+            args.grpc_max_connection_age = age;
         }
         let grace = "GRPC_MAX_CONNECTION_AGE_GRACE";
-        if self.claim(GRPC_MAX_CONNECTION_AGE_GRACE, &[grace]) {
-            if let Some(value) = self.parse(grace, str::parse::<GoDuration>)? {
-                args.grpc_max_connection_age_grace = value;
-            }
+        if self.claim(GRPC_MAX_CONNECTION_AGE_GRACE, &[grace])
+            && let Some(value) = self.parse(grace, str::parse::<GoDuration>)?
+        {
+            args.grpc_max_connection_age_grace = value;
         }
         Ok(())
     }

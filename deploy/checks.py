@@ -340,6 +340,40 @@ def check_service(render, objects):
         fail(f"{render}: Service floodgate", "needs port http-admin 8080 with appProtocol http")
 
 
+def check_network_policy(render, objects):
+    """The admin port only from monitoring, gRPC only from labelled client namespaces."""
+    deployment = find(objects, "Deployment", "floodgate")
+    if deployment is None:
+        return
+    where = f"{render}: NetworkPolicy floodgate"
+    policy = find(objects, "NetworkPolicy", "floodgate")
+    if policy is None:
+        fail(where, "missing: the admin port (/json spends quota) must not be open to the cluster")
+        return
+    spec = policy["spec"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = spec.get("podSelector", {}).get("matchLabels", {})
+    if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
+        fail(where, "podSelector must select the floodgate pods")
+    if "Ingress" not in spec.get("policyTypes", []):
+        fail(where, "policyTypes must include Ingress")
+    by_port = {}
+    for rule in spec.get("ingress", []):
+        if not rule.get("from"):
+            fail(where, "every ingress rule must name its sources (an empty `from` allows all)")
+        for port in rule.get("ports", []):
+            by_port.setdefault(port.get("port"), []).extend(rule.get("from", []))
+    if set(by_port) != {"grpc", "http-admin"}:
+        fail(where, f"ingress must cover exactly the grpc and http-admin ports, not {sorted(by_port)}")
+    for source in by_port.get("http-admin", []):
+        if source.get("namespaceSelector", {}).get("matchLabels") != {"kubernetes.io/metadata.name": "monitoring"}:
+            fail(where, "http-admin must be reachable only from the monitoring namespace")
+    for source in by_port.get("grpc", []):
+        if "ipBlock" in source or not source.get("namespaceSelector", {}).get("matchLabels"):
+            fail(where, "grpc sources must be namespaces selected by label")
+    ok(f"{where}: admin from monitoring only, gRPC from {len(by_port.get('grpc', []))} namespace selectors")
+
+
 def extract_rules(work, render, config_map, listing):
     target = work / "rules" / render
     target.mkdir(parents=True)
@@ -545,6 +579,7 @@ def main():
     listing = []
     for render, objects in renders.items():
         check_service(render, objects)
+        check_network_policy(render, objects)
         config_map = check_floodgate(render, objects)
         if config_map is not None:
             extract_rules(work, render, config_map, listing)

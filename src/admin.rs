@@ -4,7 +4,9 @@
 //! - `GET /healthcheck`: 200 `OK` when ready (same latch as gRPC health), else 503.
 //! - `GET /livez`: 200 while the process answers at all.
 //! - `POST /json`: proto3 JSON `RateLimitRequest` in, proto3 JSON response out; 200 OK,
-//!   429 OVER_LIMIT, 400 bad input (with a message), 503 backend failure.
+//!   429 OVER_LIMIT, 400 bad input (with a message), 503 backend failure. It spends real
+//!   quota (and can trip lockouts), so `--admin-json false` turns it off: then it answers
+//!   404, as a route that does not exist would.
 //! - `GET /metrics`: Prometheus (OpenMetrics text) exposition.
 //! - `GET /rlconfig`: the loaded rules, one line per rule.
 
@@ -37,14 +39,21 @@ pub struct AdminState {
     pub limiter: Arc<Limiter>,
     /// Readiness.
     pub health: Arc<Health>,
+    /// Whether `/json` is served.
+    pub json_enabled: bool,
 }
 
 /// The admin router.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthcheck", get(healthcheck))
-        .route("/livez", get(|| async { "OK" }))
-        .route("/json", post(json))
+        .route("/livez", get(|| async { "OK" }));
+    let router = if state.json_enabled {
+        router.route("/json", post(json))
+    } else {
+        router
+    };
+    router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))

@@ -6,6 +6,8 @@
 //!   the reference service's environment variables that stand in for them.
 //! - `bench`: `floodgate bench`, the load generator (a gRPC client of the service).
 //! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
+//! - `listener`: the gRPC accept loop and its bounds (connections, streams, age, keepalive).
+//! - `tls`: gRPC server TLS / mTLS from files reloaded on change.
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
 //! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
@@ -30,6 +32,7 @@ pub mod config;
 pub mod headers;
 pub mod health;
 pub mod limiter;
+pub mod listener;
 pub mod matcher;
 pub mod metrics;
 pub mod proto;
@@ -39,3 +42,4 @@ pub mod server;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::admin::{self, AdminState};
 use crate::backend::{self, Backend, BackendError, BackendSettings};
@@ -22,11 +21,13 @@ use crate::config::{self, ConfigErrors};
 use crate::headers::HeaderMode;
 use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions};
+use crate::listener::{self, GrpcLimits};
 use crate::matcher::Matcher;
 use crate::metrics::Metrics;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::service::RlsService;
+use crate::tls::{self, ReloadingAcceptor, TlsError, TlsFiles};
 
 /// How long backend pings may fail before readiness drops: long enough that one lost ping
 /// does not pull every replica out of rotation at once.
@@ -54,6 +55,12 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Most per-rule metric series built from request values (`--max-metric-series`).
     pub max_metric_series: usize,
+    /// TLS for the gRPC listener; plaintext when None. The admin port is always plaintext.
+    pub grpc_tls: Option<TlsFiles>,
+    /// Bounds on gRPC connections and messages.
+    pub grpc_limits: GrpcLimits,
+    /// Whether the admin port answers `POST /json` (which spends real quota).
+    pub admin_json: bool,
 }
 
 /// Why the server could not start or run.
@@ -65,6 +72,9 @@ pub enum ServerError {
     /// The backend could not be set up.
     #[error("backend: {0}")]
     Backend(#[from] BackendError),
+    /// The gRPC TLS files did not load.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] TlsError),
     /// A listener could not be bound.
     #[error("cannot bind {addr}: {source}")]
     Bind {
@@ -85,6 +95,7 @@ pub struct Server {
     http_listener: TcpListener,
     limiter: Arc<Limiter>,
     backend: Arc<dyn Backend>,
+    tls: Option<Arc<ReloadingAcceptor>>,
 }
 
 impl Server {
@@ -93,6 +104,14 @@ impl Server {
     /// # Errors
     /// Invalid config, unreachable backend setup, or an address that cannot be bound.
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
+        let tls = match settings.grpc_tls.clone() {
+            Some(files) => Some(
+                tokio::task::spawn_blocking(move || ReloadingAcceptor::load(files))
+                    .await
+                    .map_err(|e| ServerError::Serve(e.to_string()))??,
+            ),
+            None => None,
+        };
         let dir = settings.config_dir.clone();
         let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
             .await
@@ -121,6 +140,7 @@ impl Server {
             http_listener,
             limiter,
             backend,
+            tls,
         })
     }
 
@@ -168,26 +188,41 @@ impl Server {
 
         let service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode);
         let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_rx_for_grpc = stop_rx.clone();
         let stopped = move || {
             let mut rx = stop_rx.clone();
             async move {
                 let _ = rx.wait_for(|stop| *stop).await;
             }
         };
-        let grpc = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(RateLimitServiceServer::new(service.clone()))
-            .serve_with_incoming_shutdown(
-                // Small unary calls: Nagle's delay would dominate their latency.
-                TcpIncoming::from(self.grpc_listener).with_nodelay(Some(true)),
-                stopped(),
-            );
+        let max_message = self.settings.grpc_limits.max_message_bytes;
+        let routes = tonic::service::Routes::new(
+            health_service
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message),
+        )
+        .add_service(
+            RateLimitServiceServer::new(service.clone()).max_decoding_message_size(max_message),
+        )
+        .prepare();
+        let tls_watch = self
+            .tls
+            .as_ref()
+            .map(|tls| tokio::spawn(Arc::clone(tls).watch(tls::RELOAD_INTERVAL)));
+        let grpc = listener::serve(
+            self.grpc_listener,
+            routes,
+            self.tls.clone(),
+            self.settings.grpc_limits.clone(),
+            stop_rx_for_grpc,
+        );
         let admin = axum::serve(
             self.http_listener,
             admin::router(AdminState {
                 service,
                 limiter: Arc::clone(&self.limiter),
                 health: Arc::clone(&health),
+                json_enabled: self.settings.admin_json,
             }),
         )
         .with_graceful_shutdown(stopped());
@@ -218,6 +253,9 @@ impl Server {
             admin.abort();
         }
         reloader.abort();
+        if let Some(tls_watch) = tls_watch {
+            tls_watch.abort();
+        }
         match failed {
             Some(message) => Err(ServerError::Serve(message)),
             None => {

@@ -57,6 +57,24 @@ pub struct RedisOptions {
     /// PEM certificates to trust for `rediss://` instead of the web PKI roots, for servers
     /// with a private CA. Ignored for plain `redis://`.
     pub tls_ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key for `rediss://` servers that require one
+    /// (`tls-auth-clients yes`). Ignored for plain `redis://`.
+    pub tls_client: Option<ClientIdentity>,
+}
+
+/// A PEM client certificate and its private key. `Debug` shows neither.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// PEM certificate chain, leaf first.
+    pub cert: Vec<u8>,
+    /// PEM private key.
+    pub key: Vec<u8>,
+}
+
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClientIdentity(<redacted>)")
+    }
 }
 
 impl fmt::Debug for RedisOptions {
@@ -66,6 +84,7 @@ impl fmt::Debug for RedisOptions {
             .field("timeout", &self.timeout)
             .field("key_prefix", &self.key_prefix)
             .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|pem| pem.len()))
+            .field("tls_client", &self.tls_client)
             .finish()
     }
 }
@@ -77,6 +96,7 @@ impl Default for RedisOptions {
             timeout: DEFAULT_TIMEOUT,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             tls_ca_pem: None,
+            tls_client: None,
         }
     }
 }
@@ -99,14 +119,23 @@ impl RedisOptions {
         Ok(())
     }
 
-    /// The trust roots for `url`, when a private CA is configured and the URL uses TLS.
+    /// The trust roots and client certificate for `url`, when either is configured and the
+    /// URL uses TLS; None keeps redis' defaults (the web PKI roots, no client certificate).
     pub(crate) fn tls_for(&self, url: &str) -> Option<redis::TlsCertificates> {
-        let pem = self.tls_ca_pem.as_ref()?;
-        url.starts_with("rediss://")
-            .then(|| redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            })
+        if !url.starts_with("rediss://") || (self.tls_ca_pem.is_none() && self.tls_client.is_none())
+        {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .tls_client
+                .as_ref()
+                .map(|identity| redis::ClientTlsConfig {
+                    client_cert: identity.cert.clone(),
+                    client_key: identity.key.clone(),
+                }),
+            root_cert: self.tls_ca_pem.clone(),
+        })
     }
 }
 

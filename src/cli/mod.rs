@@ -17,14 +17,19 @@ use std::time::Duration;
 use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::BackendSettings;
-use crate::backend::redis::RedisOptions;
+use crate::backend::redis::{ClientIdentity, RedisOptions};
 pub use crate::headers::HeaderMode as ResponseHeaders;
 pub use crate::limiter::FailureMode;
 use crate::limiter::LimiterOptions;
+use crate::listener::{self, GrpcLimits};
 use crate::server::Settings;
 pub use crate::telemetry::LogFormat;
+use crate::tls::{self, TlsFiles};
 
+pub mod duration;
 pub mod reference_env;
+
+pub use duration::GoDuration;
 
 /// `--version` output: the crate version and the git revision it was built from
 /// (`unknown` when built outside a git checkout).
@@ -63,6 +68,20 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_HEALTH_GRACE_MS: u64 = 2_000;
 /// Default cap on request-made per-rule metric series.
 pub const DEFAULT_MAX_METRIC_SERIES: usize = crate::metrics::DEFAULT_MAX_METRIC_SERIES;
+/// Default largest decoded gRPC request, in bytes.
+pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = listener::DEFAULT_MAX_MESSAGE_BYTES;
+/// Default concurrent calls per gRPC connection.
+pub const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = listener::DEFAULT_MAX_CONCURRENT_STREAMS;
+/// Default cap on open gRPC connections.
+pub const DEFAULT_GRPC_MAX_CONNECTIONS: usize = listener::DEFAULT_MAX_CONNECTIONS;
+/// Default HTTP/2 keepalive ping interval.
+pub const DEFAULT_GRPC_KEEPALIVE_INTERVAL: &str = "60s";
+/// Default HTTP/2 keepalive ping timeout.
+pub const DEFAULT_GRPC_KEEPALIVE_TIMEOUT: &str = "20s";
+/// Default gRPC connection age before a GOAWAY (the reference service's default).
+pub const DEFAULT_GRPC_MAX_CONNECTION_AGE: &str = "24h";
+/// Default time in-flight calls get after that GOAWAY (the reference service's default).
+pub const DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE: &str = "1h";
 
 /// `floodgate [serve flags] | floodgate serve [flags] | floodgate check-config DIR`.
 #[derive(Debug, Parser)]
@@ -118,6 +137,8 @@ pub fn serve_matches(matches: &ArgMatches) -> &ArgMatches {
 }
 
 /// The subcommands.
+// Parsed once per process: boxing the serve settings would save nothing that matters.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the rate-limit service (the default).
@@ -224,6 +245,81 @@ pub struct ServeArgs {
     /// `value_to_metric`, limit overrides), six per key; past it they fold into `_overflow`.
     #[arg(long, env = "FLOODGATE_MAX_METRIC_SERIES", value_name = "N", default_value_t = DEFAULT_MAX_METRIC_SERIES)]
     pub max_metric_series: usize,
+    /// PEM certificate chain for the gRPC listener; with --grpc-tls-key, serves gRPC over TLS.
+    /// Re-read when the file changes (new connections get the new certificate).
+    #[arg(long, env = "FLOODGATE_GRPC_TLS_CERT", value_name = "FILE")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert; re-read when the file changes.
+    #[arg(long, env = "FLOODGATE_GRPC_TLS_KEY", value_name = "FILE")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// PEM CA certificates of client certificates: when given, every gRPC client must present
+    /// a certificate they sign (mTLS). Re-read when the file changes.
+    #[arg(long, env = "FLOODGATE_GRPC_TLS_CLIENT_CA", value_name = "FILE")]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    /// A DNS name or IP address every client certificate must carry as a subject alternative
+    /// name (needs --grpc-tls-client-ca).
+    #[arg(long, env = "FLOODGATE_GRPC_TLS_CLIENT_SAN", value_name = "NAME")]
+    pub grpc_tls_client_san: Option<String>,
+    /// Largest decoded gRPC request message, in bytes; larger ones fail with OUT_OF_RANGE.
+    #[arg(
+        long,
+        env = "FLOODGATE_GRPC_MAX_MESSAGE_BYTES",
+        value_name = "BYTES",
+        default_value_t = DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..)
+    )]
+    pub grpc_max_message_bytes: usize,
+    /// Concurrent calls per gRPC (HTTP/2) connection.
+    #[arg(
+        long,
+        env = "FLOODGATE_GRPC_MAX_CONCURRENT_STREAMS",
+        value_name = "N",
+        default_value_t = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub grpc_max_concurrent_streams: u32,
+    /// Open gRPC connections at most; past it new connections are closed at once. Keep it
+    /// below the process's file-descriptor limit.
+    #[arg(
+        long,
+        env = "FLOODGATE_GRPC_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value_t = DEFAULT_GRPC_MAX_CONNECTIONS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    pub grpc_max_connections: usize,
+    /// Interval of HTTP/2 keepalive pings on gRPC connections (Go syntax: 60s, 1m); 0
+    /// disables them.
+    #[arg(long, env = "FLOODGATE_GRPC_KEEPALIVE_INTERVAL", value_name = "DURATION", default_value = DEFAULT_GRPC_KEEPALIVE_INTERVAL)]
+    pub grpc_keepalive_interval: GoDuration,
+    /// How long a keepalive ping may go unanswered before the connection is closed.
+    #[arg(long, env = "FLOODGATE_GRPC_KEEPALIVE_TIMEOUT", value_name = "DURATION", default_value = DEFAULT_GRPC_KEEPALIVE_TIMEOUT)]
+    pub grpc_keepalive_timeout: GoDuration,
+    /// Age after which a gRPC connection gets a GOAWAY, so clients reconnect and new
+    /// replicas get traffic (up to 10% earlier, at random); 0 never ages connections out.
+    #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTION_AGE", value_name = "DURATION", default_value = DEFAULT_GRPC_MAX_CONNECTION_AGE)]
+    pub grpc_max_connection_age: GoDuration,
+    /// Time in-flight calls get after that GOAWAY before the connection is closed.
+    #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_name = "DURATION", default_value = DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE)]
+    pub grpc_max_connection_age_grace: GoDuration,
+    /// PEM client certificate for `rediss://` servers that require one (with
+    /// --redis-tls-client-key).
+    #[arg(long, env = "FLOODGATE_REDIS_TLS_CLIENT_CERT", value_name = "FILE")]
+    pub redis_tls_client_cert: Option<PathBuf>,
+    /// PEM private key of --redis-tls-client-cert.
+    #[arg(long, env = "FLOODGATE_REDIS_TLS_CLIENT_KEY", value_name = "FILE")]
+    pub redis_tls_client_key: Option<PathBuf>,
+    /// Whether the admin port serves `POST /json`, which spends real quota; `false` answers it
+    /// with 404.
+    #[arg(
+        long,
+        env = "FLOODGATE_ADMIN_JSON",
+        value_name = "BOOL",
+        default_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub admin_json: bool,
 }
 
 impl ServeArgs {
@@ -252,6 +348,7 @@ impl ServeArgs {
             timeout,
             key_prefix: self.key_prefix.clone(),
             tls_ca_pem,
+            tls_client: self.redis_client_identity()?,
         };
         let backend = match self.backend {
             BackendKind::Memory => BackendSettings::Memory {
@@ -290,7 +387,69 @@ impl ServeArgs {
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             shutdown_grace: Duration::from_millis(self.health_grace_ms),
             max_metric_series: self.max_metric_series,
+            grpc_tls: self.grpc_tls()?,
+            grpc_limits: self.grpc_limits(),
+            admin_json: self.admin_json,
         })
+    }
+
+    /// The gRPC TLS files, when TLS is asked for; the files are read by the server.
+    fn grpc_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let (cert, key) = match (&self.grpc_tls_cert, &self.grpc_tls_key) {
+            (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+            (None, None) => {
+                if self.grpc_tls_client_ca.is_some() || self.grpc_tls_client_san.is_some() {
+                    return Err("--grpc-tls-client-ca and --grpc-tls-client-san need \
+                                --grpc-tls-cert and --grpc-tls-key"
+                        .to_owned());
+                }
+                return Ok(None);
+            }
+            _ => return Err("--grpc-tls-cert and --grpc-tls-key go together".to_owned()),
+        };
+        if self.grpc_tls_client_san.is_some() && self.grpc_tls_client_ca.is_none() {
+            return Err("--grpc-tls-client-san needs --grpc-tls-client-ca".to_owned());
+        }
+        Ok(Some(TlsFiles {
+            cert,
+            key,
+            client_ca: self.grpc_tls_client_ca.clone(),
+            client_san: self.grpc_tls_client_san.clone(),
+        }))
+    }
+
+    fn grpc_limits(&self) -> GrpcLimits {
+        let nonzero = |duration: GoDuration| Some(duration.0).filter(|d| !d.is_zero());
+        GrpcLimits {
+            max_message_bytes: self.grpc_max_message_bytes,
+            max_concurrent_streams: self.grpc_max_concurrent_streams,
+            keepalive_interval: nonzero(self.grpc_keepalive_interval),
+            keepalive_timeout: self.grpc_keepalive_timeout.0,
+            max_connection_age: nonzero(self.grpc_max_connection_age),
+            max_connection_age_grace: self.grpc_max_connection_age_grace.0,
+            max_connections: self.grpc_max_connections,
+        }
+    }
+
+    /// The Redis client certificate and key, read and checked now so that a bad file fails
+    /// startup with a message that names the path and never the contents.
+    fn redis_client_identity(&self) -> Result<Option<ClientIdentity>, String> {
+        let (cert_path, key_path) = match (&self.redis_tls_client_cert, &self.redis_tls_client_key)
+        {
+            (Some(cert), Some(key)) => (cert, key),
+            (None, None) => return Ok(None),
+            _ => {
+                return Err(
+                    "--redis-tls-client-cert and --redis-tls-client-key go together".to_owned(),
+                );
+            }
+        };
+        let cert =
+            tls::read_file("--redis-tls-client-cert", cert_path).map_err(|e| e.to_string())?;
+        let key = tls::read_file("--redis-tls-client-key", key_path).map_err(|e| e.to_string())?;
+        tls::parse_certs("--redis-tls-client-cert", &cert).map_err(|e| e.to_string())?;
+        tls::parse_key("--redis-tls-client-key", &key).map_err(|e| e.to_string())?;
+        Ok(Some(ClientIdentity { cert, key }))
     }
 }
 
@@ -526,7 +685,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
             .collect();
-        assert_eq!(flags.len(), 19);
+        assert_eq!(flags.len(), 33);
         for arg in flags {
             let long = arg.get_long().unwrap();
             let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

@@ -3,6 +3,7 @@
 //! `redis-server` nodes and clusters in `redis`.
 #![allow(dead_code)]
 
+pub mod pki;
 pub mod redis;
 
 use std::path::Path;
@@ -64,6 +65,9 @@ pub fn settings(config_dir: &Path) -> Settings {
         drain_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::ZERO,
         max_metric_series: floodgate::metrics::DEFAULT_MAX_METRIC_SERIES,
+        grpc_tls: None,
+        grpc_limits: Default::default(),
+        admin_json: true,
     }
 }
 

@@ -65,6 +65,8 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     extra: Vec<String>,
+    /// Serves TLS only (on `port`), so readiness is a TCP connect rather than a PING.
+    tls_only: bool,
 }
 
 impl RedisServer {
@@ -80,6 +82,40 @@ impl RedisServer {
             port: free_port(),
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls_only: false,
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts a node that serves TLS only (`--port 0 --tls-port <port>`) with the given
+    /// PEM files, requiring client certificates signed by `ca` (`--tls-auth-clients yes`).
+    pub fn start_tls(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> RedisServer {
+        let port = free_port();
+        let path = |p: &std::path::Path| p.display().to_string();
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path(cert),
+                "--tls-key-file".into(),
+                path(key),
+                "--tls-ca-cert-file".into(),
+                path(ca),
+                "--tls-auth-clients".into(),
+                "yes".into(),
+            ],
+            tls_only: true,
         };
         server.spawn();
         server
@@ -112,8 +148,12 @@ impl RedisServer {
         let start = Instant::now();
         loop {
             // A node with `requirepass` answers NOAUTH: it is up all the same.
-            let up = raw_command(self.port, "PING")
-                .is_some_and(|r| r.starts_with("+PONG") || r.starts_with("-NOAUTH"));
+            let up = if self.tls_only {
+                TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            } else {
+                raw_command(self.port, "PING")
+                    .is_some_and(|r| r.starts_with("+PONG") || r.starts_with("-NOAUTH"))
+            };
             if up {
                 return;
             }

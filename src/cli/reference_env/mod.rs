@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
-use super::{BackendKind, LogFormat, RedisUrl, ResponseHeaders, ServeArgs};
+use super::{BackendKind, GoDuration, LogFormat, RedisUrl, ResponseHeaders, ServeArgs};
 use crate::telemetry::LevelFilter;
 
 mod unsupported;
@@ -146,6 +146,35 @@ const LOCAL_CACHE_ENTRIES: Setting = setting("local_cache_entries", "--local-cac
 const SHADOW_MODE: Setting = setting("shadow_mode", "--shadow-mode");
 const LOG_FORMAT: Setting = setting("log_format", "--log-format");
 const KEY_PREFIX: Setting = setting("key_prefix", "--key-prefix");
+const GRPC_TLS_CERT: Setting = setting("grpc_tls_cert", "--grpc-tls-cert");
+const GRPC_TLS_KEY: Setting = setting("grpc_tls_key", "--grpc-tls-key");
+const GRPC_TLS_CLIENT_CA: Setting = setting("grpc_tls_client_ca", "--grpc-tls-client-ca");
+const GRPC_TLS_CLIENT_SAN: Setting = setting("grpc_tls_client_san", "--grpc-tls-client-san");
+const GRPC_MAX_CONNECTION_AGE: Setting =
+    setting("grpc_max_connection_age", "--grpc-max-connection-age");
+const GRPC_MAX_CONNECTION_AGE_GRACE: Setting = setting(
+    "grpc_max_connection_age_grace",
+    "--grpc-max-connection-age-grace",
+);
+const REDIS_TLS_CLIENT_CERT: Setting = setting("redis_tls_client_cert", "--redis-tls-client-cert");
+const REDIS_TLS_CLIENT_KEY: Setting = setting("redis_tls_client_key", "--redis-tls-client-key");
+const REDIS_CA_FILE: Setting = setting("redis_ca_file", "--redis-ca-file");
+
+/// The reference variables of the gRPC listener's TLS, with the setting each stands in for;
+/// they apply only with `GRPC_SERVER_USE_TLS=true`, as in the reference.
+const GRPC_TLS_VARIABLES: [(&str, Setting); 4] = [
+    ("GRPC_SERVER_TLS_CERT", GRPC_TLS_CERT),
+    ("GRPC_SERVER_TLS_KEY", GRPC_TLS_KEY),
+    ("GRPC_CLIENT_TLS_CACERT", GRPC_TLS_CLIENT_CA),
+    ("GRPC_CLIENT_TLS_SAN", GRPC_TLS_CLIENT_SAN),
+];
+
+/// The reference variables of Redis TLS files, with the setting each stands in for.
+const REDIS_TLS_VARIABLES: [(&str, Setting); 3] = [
+    ("REDIS_TLS_CLIENT_CERT", REDIS_TLS_CLIENT_CERT),
+    ("REDIS_TLS_CLIENT_KEY", REDIS_TLS_CLIENT_KEY),
+    ("REDIS_TLS_CACERT", REDIS_CA_FILE),
+];
 
 /// The reference's rule root when `RUNTIME_ROOT` is unset.
 const REFERENCE_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
@@ -191,6 +220,8 @@ pub fn apply(
         report: Report::default(),
     };
     mapper.listeners(args)?;
+    mapper.grpc_tls(args)?;
+    mapper.grpc_connections(args)?;
     mapper.rules(args);
     mapper.logging(args)?;
     mapper.limiter(args)?;
@@ -295,6 +326,59 @@ impl Mapper<'_> {
         Ok(SocketAddr::new(ip, port))
     }
 
+    /// `GRPC_SERVER_USE_TLS=true` with the certificate, key, client CA and client SAN
+    /// variables; without it they do nothing (in the reference too) and are reported.
+    fn grpc_tls(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        let use_tls = self.parse("GRPC_SERVER_USE_TLS", parse_bool)?;
+        if use_tls != Some(true) {
+            for (variable, _) in GRPC_TLS_VARIABLES {
+                if self.is_set(variable) {
+                    self.warn(variable, "has no effect without GRPC_SERVER_USE_TLS=true");
+                }
+            }
+            return Ok(());
+        }
+        let given_by_flags = self.explicit(GRPC_TLS_CERT) || self.explicit(GRPC_TLS_KEY);
+        let given_by_variables =
+            self.is_set("GRPC_SERVER_TLS_CERT") && self.is_set("GRPC_SERVER_TLS_KEY");
+        if !(given_by_flags || given_by_variables) {
+            return Err(invalid(
+                "GRPC_SERVER_USE_TLS",
+                "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (or --grpc-tls-cert and \
+                 --grpc-tls-key)",
+            ));
+        }
+        self.claim(GRPC_TLS_CERT, &["GRPC_SERVER_USE_TLS"]);
+        for (variable, setting) in GRPC_TLS_VARIABLES {
+            if self.claim(setting, &[variable]) {
+                let value = self.get(variable).unwrap_or_default();
+                match setting.id {
+                    "grpc_tls_cert" => args.grpc_tls_cert = Some(PathBuf::from(value)),
+                    "grpc_tls_key" => args.grpc_tls_key = Some(PathBuf::from(value)),
+                    "grpc_tls_client_ca" => args.grpc_tls_client_ca = Some(PathBuf::from(value)),
+                    _ => args.grpc_tls_client_san = Some(value),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `GRPC_MAX_CONNECTION_AGE` and `_GRACE`, Go durations as in the reference.
+    fn grpc_connections(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        if self.claim(GRPC_MAX_CONNECTION_AGE, &["GRPC_MAX_CONNECTION_AGE"])
+            && let Some(age) = self.parse("GRPC_MAX_CONNECTION_AGE", str::parse::<GoDuration>)?
+        {
+            args.grpc_max_connection_age = age;
+        }
+        let grace = "GRPC_MAX_CONNECTION_AGE_GRACE";
+        if self.claim(GRPC_MAX_CONNECTION_AGE_GRACE, &[grace])
+            && let Some(value) = self.parse(grace, str::parse::<GoDuration>)?
+        {
+            args.grpc_max_connection_age_grace = value;
+        }
+        Ok(())
+    }
+
     /// The rule directory: `<RUNTIME_ROOT>/<RUNTIME_SUBDIRECTORY>/<RUNTIME_APPDIRECTORY>`,
     /// joined as Go's `filepath.Join` does (a leading `/` does not restart the path).
     fn rules(&mut self, args: &mut ServeArgs) {
@@ -396,11 +480,29 @@ impl Mapper<'_> {
             self.report.applied.push((redis_set[0], BACKEND.flag));
         }
         if args.backend == BackendKind::Memory {
-            let unused = redis_set.into_iter().filter(|name| *name != "REDIS_TYPE");
+            let tls_set: Vec<_> = REDIS_TLS_VARIABLES
+                .into_iter()
+                .map(|(name, _)| name)
+                .filter(|name| self.is_set(name))
+                .collect();
+            let unused = redis_set
+                .into_iter()
+                .filter(|name| *name != "REDIS_TYPE")
+                .chain(tls_set);
             self.report
                 .overridden
                 .extend(unused.map(|name| (name, BACKEND.flag)));
             return Ok(());
+        }
+        for (variable, setting) in REDIS_TLS_VARIABLES {
+            if self.claim(setting, &[variable]) {
+                let path = self.get(variable).map(PathBuf::from);
+                match setting.id {
+                    "redis_tls_client_cert" => args.redis_tls_client_cert = path,
+                    "redis_tls_client_key" => args.redis_tls_client_key = path,
+                    _ => args.redis_ca_file = path,
+                }
+            }
         }
         let url_variables = ["REDIS_URL", "REDIS_AUTH", "REDIS_TLS", "REDIS_SOCKET_TYPE"];
         if !self.is_set("REDIS_URL") && !self.explicit(REDIS_URL) {

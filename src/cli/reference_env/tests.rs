@@ -69,6 +69,15 @@ fn setting_ids_name_the_serve_arguments() {
         SHADOW_MODE,
         LOG_FORMAT,
         KEY_PREFIX,
+        GRPC_TLS_CERT,
+        GRPC_TLS_KEY,
+        GRPC_TLS_CLIENT_CA,
+        GRPC_TLS_CLIENT_SAN,
+        GRPC_MAX_CONNECTION_AGE,
+        GRPC_MAX_CONNECTION_AGE_GRACE,
+        REDIS_TLS_CLIENT_CERT,
+        REDIS_TLS_CLIENT_KEY,
+        REDIS_CA_FILE,
     ] {
         let arg = serve
             .get_arguments()
@@ -530,12 +539,12 @@ fn unsupported_variables_are_reported_by_name() {
         ("REDIS_SENTINEL_AUTH", "x"),
         ("MEMCACHE_HOST_PORT", "m:11211"),
         ("DEBUG_PORT", "6070"),
-        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1h"),
+        ("GRPC_UDS", "/run/rl.sock"),
         ("RUNTIME_IGNOREDOTFILES", "false"),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("TRACING_SERVICE_NAME", "rl"),
         ("NEAR_LIMIT_RATIO", "0.9"),
-        ("REDIS_TLS_CACERT", "/ca.pem"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
     ];
     let (args, report) = mapped(&loud);
     assert_eq!(args.backend, BackendKind::Memory);
@@ -543,4 +552,132 @@ fn unsupported_variables_are_reported_by_name() {
     expected.sort();
     assert_eq!(warned(&report), expected);
     assert!(report.unsupported.iter().all(|u| !u.reason.is_empty()));
+}
+
+#[test]
+fn grpc_tls_variables_apply_with_use_tls() {
+    let vars = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+        ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+        ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+        ("GRPC_CLIENT_TLS_SAN", "envoy.mesh"),
+    ];
+    let (args, report) = mapped(&vars);
+    assert_eq!(args.grpc_tls_cert, Some(PathBuf::from("/tls/cert.pem")));
+    assert_eq!(args.grpc_tls_key, Some(PathBuf::from("/tls/key.pem")));
+    assert_eq!(args.grpc_tls_client_ca, Some(PathBuf::from("/tls/ca.pem")));
+    assert_eq!(args.grpc_tls_client_san.as_deref(), Some("envoy.mesh"));
+    assert!(report.unsupported.is_empty(), "{report:?}");
+    assert!(
+        report
+            .applied
+            .contains(&("GRPC_CLIENT_TLS_SAN", "--grpc-tls-client-san"))
+    );
+    let tls = args.settings().unwrap().grpc_tls.unwrap();
+    assert_eq!(tls.client_san.as_deref(), Some("envoy.mesh"));
+}
+
+#[test]
+fn grpc_tls_variables_without_use_tls_are_reported_not_applied() {
+    for use_tls in [None, Some("false")] {
+        let mut vars = vec![
+            ("GRPC_SERVER_TLS_CERT", "/c"),
+            ("GRPC_SERVER_TLS_KEY", "/k"),
+        ];
+        vars.extend(use_tls.map(|value| ("GRPC_SERVER_USE_TLS", value)));
+        let (args, report) = mapped(&vars);
+        assert_eq!(args.grpc_tls_cert, None);
+        assert_eq!(
+            warned(&report),
+            ["GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"]
+        );
+    }
+}
+
+#[test]
+fn grpc_tls_flags_win_over_the_variables() {
+    let vars = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/ref/cert.pem"),
+        ("GRPC_SERVER_TLS_KEY", "/ref/key.pem"),
+    ];
+    let flags = [
+        "--grpc-tls-cert",
+        "/fg/cert.pem",
+        "--grpc-tls-key",
+        "/fg/key.pem",
+    ];
+    let (args, report) = run(&flags, &vars).unwrap();
+    assert_eq!(args.grpc_tls_cert, Some(PathBuf::from("/fg/cert.pem")));
+    assert_eq!(args.grpc_tls_key, Some(PathBuf::from("/fg/key.pem")));
+    assert!(
+        report
+            .overridden
+            .contains(&("GRPC_SERVER_TLS_KEY", "--grpc-tls-key"))
+    );
+}
+
+#[test]
+fn use_tls_without_files_stops_startup() {
+    let missing_key = error(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/c"),
+    ]);
+    assert_eq!(missing_key.variable, "GRPC_SERVER_USE_TLS");
+    assert_eq!(
+        error(&[("GRPC_SERVER_USE_TLS", "maybe")]).variable,
+        "GRPC_SERVER_USE_TLS"
+    );
+}
+
+#[test]
+fn connection_age_variables_are_go_durations() {
+    let (args, report) = mapped(&[
+        ("GRPC_MAX_CONNECTION_AGE", "30m"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1m30s"),
+    ]);
+    assert_eq!(
+        args.grpc_max_connection_age.0,
+        std::time::Duration::from_secs(1800)
+    );
+    assert_eq!(
+        args.grpc_max_connection_age_grace.0,
+        std::time::Duration::from_secs(90)
+    );
+    assert!(report.unsupported.is_empty());
+    assert_eq!(
+        error(&[("GRPC_MAX_CONNECTION_AGE", "1 day")]).variable,
+        "GRPC_MAX_CONNECTION_AGE"
+    );
+}
+
+#[test]
+fn redis_tls_files_apply_to_a_redis_backend() {
+    let vars = [
+        ("REDIS_URL", "r:6380"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/tls/client.pem"),
+        ("REDIS_TLS_CLIENT_KEY", "/tls/client.key"),
+        ("REDIS_TLS_CACERT", "/tls/ca.pem"),
+    ];
+    let (args, report) = mapped(&vars);
+    assert_eq!(urls(&args), ["rediss://r:6380"]);
+    assert_eq!(
+        args.redis_tls_client_cert,
+        Some(PathBuf::from("/tls/client.pem"))
+    );
+    assert_eq!(
+        args.redis_tls_client_key,
+        Some(PathBuf::from("/tls/client.key"))
+    );
+    assert_eq!(args.redis_ca_file, Some(PathBuf::from("/tls/ca.pem")));
+    assert!(report.unsupported.is_empty(), "{report:?}");
+    let (memory, report) = run(&["--backend", "memory"], &vars).unwrap();
+    assert_eq!(memory.redis_tls_client_cert, None);
+    assert!(
+        report
+            .overridden
+            .contains(&("REDIS_TLS_CACERT", "--backend"))
+    );
 }

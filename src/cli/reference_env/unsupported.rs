@@ -66,7 +66,6 @@ fn when_true(value: &str) -> bool {
 
 const NO_STATSD: &str = "no StatsD; Prometheus metrics are at /metrics on the admin HTTP port";
 const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
-const NO_GRPC_TLS: &str = "the gRPC listener has no TLS; terminate TLS in the mesh or a sidecar";
 const FILES_ONLY: &str = "rules come from YAML files only (--config); no xDS";
 const NO_PER_SECOND_REDIS: &str = "no separate per-second Redis; every limit uses one backend";
 const LEGACY_HEADER_NAMES: &str =
@@ -92,13 +91,6 @@ const UNSUPPORTED: &[Ignored] = &[
         never,
         "gRPC listens on --grpc-addr only, not a Unix socket",
     ),
-    family(
-        "GRPC_MAX_CONNECTION_AGE",
-        "gRPC connections are not aged out",
-    ),
-    exact("GRPC_SERVER_USE_TLS", when_false, NO_GRPC_TLS),
-    family("GRPC_SERVER_TLS_", NO_GRPC_TLS),
-    family("GRPC_CLIENT_TLS_", NO_GRPC_TLS),
     exact(
         "CONFIG_TYPE",
         |v| v.eq_ignore_ascii_case("FILE"),
@@ -186,10 +178,6 @@ const UNSUPPORTED: &[Ignored] = &[
         when_false,
         "Redis TLS always verifies the server name",
     ),
-    family(
-        "REDIS_TLS_",
-        "Redis TLS trusts the built-in web PKI roots; no client certificate or custom CA",
-    ),
     exact(
         "REDIS_PIPELINE_WINDOW",
         |v| v == "0" || v == "0s",
@@ -218,7 +206,17 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 22] = [
+    const MAPPED: [&str; 32] = [
+        "GRPC_SERVER_USE_TLS",
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+        "GRPC_CLIENT_TLS_SAN",
+        "GRPC_MAX_CONNECTION_AGE",
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "REDIS_TLS_CLIENT_CERT",
+        "REDIS_TLS_CLIENT_KEY",
+        "REDIS_TLS_CACERT",
         "HOST",
         "PORT",
         "GRPC_HOST",
@@ -279,7 +277,6 @@ mod tests {
             assert_eq!(reason(name, quiet), None, "{name}={quiet}");
             assert!(reason(name, loud).is_some(), "{name}={loud}");
         }
-        assert!(reason("GRPC_MAX_CONNECTION_AGE", "24h").is_some());
         assert!(reason("MEMCACHE_SRV", "_m._tcp").is_some());
         assert_eq!(reason("UNRELATED", "x"), None);
     }

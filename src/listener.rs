@@ -1,0 +1,244 @@
+//! The gRPC accept loop, with the bounds that keep one client from exhausting the server:
+//! a cap on open connections, a TLS handshake deadline, HTTP/2 stream and keepalive limits,
+//! and a maximum connection age after which the connection is drained (GOAWAY) and, past a
+//! grace period, closed.
+//!
+//! tonic's own server has most of these knobs, but its connection age with a grace period
+//! closes the connection at age + grace without a GOAWAY at age, and it has no connection
+//! cap; so connections are accepted here and each is served by hyper directly with the
+//! tonic routes as its service.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::tls::ReloadingAcceptor;
+
+/// Default largest decoded gRPC message: far above any real rate-limit request (a few
+/// hundred bytes), far below tonic's 4 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Default concurrent streams (calls) per HTTP/2 connection; clients open more connections
+/// past it.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// Default interval of HTTP/2 keepalive pings to idle clients.
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// Default time a keepalive ping may go unanswered before the connection is closed.
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Default connection age after which a GOAWAY is sent (the reference's default).
+pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(24 * 3600);
+/// Default time in-flight calls get after the GOAWAY (the reference's default).
+pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(3600);
+/// Default cap on open gRPC connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Longest TLS handshake; a client that stalls is disconnected.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest header block a client may send: gRPC metadata of a rate-limit call is small.
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// Largest share of the age taken off at random, so connections opened together (by a
+/// restart of every Envoy) do not all reconnect at once.
+const AGE_JITTER_PERCENT: u64 = 10;
+
+/// Limits of the gRPC listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Largest decoded request message, in bytes.
+    pub max_message_bytes: usize,
+    /// Concurrent calls per connection.
+    pub max_concurrent_streams: u32,
+    /// Interval of HTTP/2 keepalive pings; None disables them.
+    pub keepalive_interval: Option<Duration>,
+    /// How long a keepalive ping may go unanswered.
+    pub keepalive_timeout: Duration,
+    /// Age after which a connection gets a GOAWAY; None keeps connections forever.
+    pub max_connection_age: Option<Duration>,
+    /// Time in-flight calls get after that GOAWAY before the connection is closed.
+    pub max_connection_age_grace: Duration,
+    /// Open connections at most; past it new connections are closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        GrpcLimits {
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            keepalive_interval: Some(DEFAULT_KEEPALIVE_INTERVAL),
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            max_connection_age: Some(DEFAULT_MAX_CONNECTION_AGE),
+            max_connection_age_grace: DEFAULT_MAX_CONNECTION_AGE_GRACE,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// Serves `routes` on connections from `listener` until `stop` turns true; then stops
+/// accepting, sends every connection a GOAWAY and returns once all have closed. Dropping
+/// the future closes every connection at once.
+pub async fn serve(
+    listener: TcpListener,
+    routes: tonic::service::Routes,
+    tls: Option<Arc<ReloadingAcceptor>>,
+    limits: GrpcLimits,
+    stop: watch::Receiver<bool>,
+) {
+    let mut stopping = stop.clone();
+    let limits = Arc::new(limits);
+    let mut connections = JoinSet::new();
+    let mut refusing = false;
+    loop {
+        tokio::select! {
+            () = stopped(&mut stopping) => break,
+            Some(_) = connections.join_next() => {}
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!("gRPC accept failed: {error}");
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                        continue;
+                    }
+                };
+                if connections.len() >= limits.max_connections {
+                    if !refusing {
+                        tracing::warn!(
+                            max = limits.max_connections,
+                            "gRPC connection limit reached: closing new connections"
+                        );
+                    }
+                    refusing = true;
+                    drop(tcp);
+                    continue;
+                }
+                refusing = false;
+                // Small unary calls: Nagle's delay would dominate their latency.
+                let _ = tcp.set_nodelay(true);
+                let connection = Connection {
+                    routes: routes.clone(),
+                    limits: Arc::clone(&limits),
+                    stop: stop.clone(),
+                };
+                let tls = tls.as_ref().map(|tls| tls.acceptor());
+                connections.spawn(async move {
+                    match tls {
+                        None => connection.serve(tcp).await,
+                        Some(acceptor) => {
+                            let handshake =
+                                tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+                            match handshake.await {
+                                Ok(Ok(stream)) => connection.serve(stream).await,
+                                Ok(Err(error)) => {
+                                    tracing::debug!(%peer, "gRPC TLS handshake failed: {error}");
+                                }
+                                Err(_) => tracing::debug!(%peer, "gRPC TLS handshake timed out"),
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+/// What one connection needs.
+struct Connection {
+    routes: tonic::service::Routes,
+    limits: Arc<GrpcLimits>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn serve<IO>(mut self, io: IO)
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let limits = &self.limits;
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .keep_alive_interval(limits.keepalive_interval)
+            .keep_alive_timeout(limits.keepalive_timeout)
+            .max_header_list_size(MAX_HEADER_LIST_BYTES);
+        let service: TowerToHyperService<tonic::service::Routes> =
+            TowerToHyperService::new(self.routes.clone());
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let age = limits.max_connection_age.map(jittered);
+        let aged = sleep_or_never(age);
+        tokio::pin!(aged);
+        let closing = sleep_or_never(None);
+        tokio::pin!(closing);
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                result = &mut connection => {
+                    if let Err(error) = result {
+                        tracing::debug!("gRPC connection ended: {error}");
+                    }
+                    return;
+                }
+                () = &mut aged, if !draining => {
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                    closing.set(sleep_or_never(Some(limits.max_connection_age_grace)));
+                }
+                () = stopped(&mut self.stop), if !draining => {
+                    // The server's drain timeout bounds this one.
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                () = &mut closing => {
+                    tracing::debug!("gRPC connection past its age grace: closing it");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Returns once the server is stopping (without holding the channel's lock after).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Sleeps for `duration`, or forever when None.
+async fn sleep_or_never(duration: Option<Duration>) {
+    match duration {
+        Some(duration) => tokio::time::sleep(duration).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `age` shortened by up to `AGE_JITTER_PERCENT`, by the sub-second clock: varied enough
+/// to spread reconnections, and never past the configured age.
+fn jittered(age: Duration) -> Duration {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |now| u64::from(now.subsec_nanos()));
+    let per_mille = nanos % (AGE_JITTER_PERCENT * 10 + 1);
+    age - age * u32::try_from(per_mille).unwrap_or(0) / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_only_shortens_and_by_at_most_a_tenth() {
+        let age = Duration::from_secs(1000);
+        for _ in 0..100 {
+            let got = jittered(age);
+            assert!(got <= age && got >= Duration::from_secs(900), "{got:?}");
+        }
+    }
+}

@@ -14,7 +14,7 @@ ARGV[4]  L: requests per window (>= 1)
 ARGV[5]  B: burst, the capacity in requests (>= 1)
 ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
-ARGV[8]  refund only: booked_at (unused: units leak alike whoever booked them)
+ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
 
 Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
 fixed_window.lua for why absolute.
@@ -56,15 +56,18 @@ local function save()
 end
 
 if op == 'refund' then
-  if u0 == 0 or n == 0 then
+  local booked_at = tonumber(ARGV[8])
+  if not booked_at then
+    return redis.error_reply('ERR floodgate token_bucket: bad booked_at')
+  end
+  -- Give back what the booking may still hold: n*U less everything leaked since it was
+  -- made, and never more than the level (see token_bucket.rs for why this is safe). n*U or
+  -- the leak may not be exact when huge, but each is then beyond the level all the same.
+  local held = n * U - math.max(now - booked_at, 0) * lambda
+  if u0 == 0 or held <= 0 then
     return {0, now}
   end
-  -- n*U may not be exact when huge, but it is then above u0 all the same.
-  if n * U >= u0 then
-    level = 0
-  else
-    level = u0 - n * U
-  end
+  level = u0 - math.min(u0, held)
   updated = now
   save()
   return {1, now}

@@ -221,6 +221,30 @@ fn token_bucket_spec_vectors() {
     assert_eq!(replies[10][2], 100 - span);
 }
 
+/// Issue 9's example, L = 10/s, B = 10 (U = 100 units, leak 1 per ms): X books 1 at t,
+/// Y books 9 at t + 100 ms, so the bucket holds Y's 900 units. X's refund at t + 100 ms
+/// gives nothing back (X's units leaked meanwhile): one request fits, as without X.
+#[test]
+fn token_bucket_refund_gives_back_nothing_that_has_leaked() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server);
+    let tb = Algorithm::TokenBucket;
+    let p = (1_000, 10, 10);
+    let key = "fg:{tb-refund}";
+    let now = charge(&mut conn, tb, key, 0, p, false, 0).now_ms;
+    let _: () = conn
+        .hset_multiple(key, &[("u", 900), ("t", now), ("lk", 0)])
+        .unwrap();
+    assert!(!refund(&mut conn, tb, key, 1, p, now - 100));
+    let peek = charge(&mut conn, tb, key, 0, p, false, 0);
+    assert_eq!(peek.remaining, 1 + (peek.now_ms - now) / 100);
+    // A booking that has not leaked at all comes back whole.
+    let y = charge(&mut conn, tb, key, 1, p, false, 0);
+    assert!(refund(&mut conn, tb, key, 1, p, y.now_ms + 1_000));
+    let after = charge(&mut conn, tb, key, 0, p, false, 0);
+    assert_eq!(after.remaining, 1 + (after.now_ms - now) / 100);
+}
+
 #[test]
 fn sliding_window_seeded_vector() {
     let server = RedisServer::start();
@@ -429,10 +453,10 @@ fn refunds_undo_only_their_own_booking() {
         // The token bucket leaks a little meanwhile; at one request per 900 ms it is still
         // 3 after a few ms.
         assert_eq!(peek.remaining, 3, "{algorithm}");
-        // A refund naming a booking from an hour-old window changes nothing, except in the
-        // token bucket, whose units are not tied to a booking time.
+        // A refund naming a booking from an hour-old window changes nothing (in the token
+        // bucket: everything it booked has leaked since).
         let stale = refund(&mut conn, algorithm, &key, 1, p, a.now_ms - 3_600_000);
-        assert_eq!(stale, algorithm == Algorithm::TokenBucket, "{algorithm}");
+        assert!(!stale, "{algorithm}");
         // Refunding into an empty bucket is a no-op that creates nothing.
         assert!(!refund(&mut conn, algorithm, "fg:{none}", 1, p, a.now_ms));
         let exists: bool = conn.exists("fg:{none}").unwrap();

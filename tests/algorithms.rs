@@ -285,10 +285,10 @@ fn token_bucket_run(
             if i == charged && bucket.decide(policy, now, cost).booked {
                 x_booking = Some((cost, now));
             }
-            if i == refunded {
-                if let Some((cost, at)) = x_booking.take() {
-                    bucket.refund(policy, now, cost, at);
-                }
+            if i == refunded
+                && let Some((cost, at)) = x_booking.take()
+            {
+                bucket.refund(policy, now, cost, at);
             }
         }
         let answer = match *step {

@@ -114,6 +114,7 @@ pub(crate) struct Call {
     cost: u64,
     policy: Policy,
     booked_at_ms: i64,
+    refund_id: u64,
 }
 
 impl Call {
@@ -125,6 +126,7 @@ impl Call {
             cost: charge.cost,
             policy: charge.policy,
             booked_at_ms: 0,
+            refund_id: 0,
         }
     }
 
@@ -136,6 +138,7 @@ impl Call {
             cost: refund.cost,
             policy: refund.policy,
             booked_at_ms: refund.booked_at_ms,
+            refund_id: refund.id,
         }
     }
 
@@ -165,7 +168,8 @@ impl Call {
             .arg(policy.burst)
             .arg(if consume { "1" } else { "0" })
             .arg(policy.lockout_ms())
-            .arg(self.booked_at_ms);
+            .arg(self.booked_at_ms)
+            .arg(self.refund_id);
         cmd
     }
 }
@@ -281,7 +285,7 @@ mod tests {
         assert_eq!(hashes.len(), 4);
         for algorithm in ALGORITHMS {
             let src = source(algorithm);
-            for word in ["KEYS[1]", "ARGV[8]", "Reply", "PEXPIRE", "TIME"] {
+            for word in ["KEYS[1]", "ARGV[9]", "Reply", "PEXPIRE", "TIME"] {
                 assert!(src.contains(word), "{algorithm}: header lacks {word}");
             }
         }
@@ -319,7 +323,7 @@ mod tests {
             .to_owned();
         let key = bucket.redis_key("fg");
         let expected = [
-            "EVALSHA", &sha, "1", &key, "charge", "3", "60000", "5", "7", "1", "9000", "0",
+            "EVALSHA", &sha, "1", &key, "charge", "3", "60000", "5", "7", "1", "9000", "0", "0",
         ];
         assert_eq!(words, expected);
         let eval = call

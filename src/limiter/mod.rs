@@ -446,12 +446,12 @@ impl Limiter {
                 && limited.cost > 0
                 && limited.policy.on_over_limit == OnOverLimit::Reject;
             if refunding && refundable {
-                refunds.push(Refund {
-                    bucket: limited.bucket,
-                    policy: limited.policy,
-                    cost: limited.cost,
-                    booked_at_ms: outcome.now_ms,
-                });
+                refunds.push(Refund::new(
+                    limited.bucket,
+                    limited.policy,
+                    limited.cost,
+                    outcome.now_ms,
+                ));
                 refunded[i] = true;
                 if let Some(status) = statuses[i].as_mut() {
                     let before = u64::from(status.limit_remaining) + limited.cost;

@@ -24,8 +24,9 @@ Reply: 6 integers per item, in item order:
 
 A group is rejected when a non-quota rule denies or every quota rule denies (`Tally` in
 src/backend/mod.rs). A rejected group's bookings made under `reject` are undone right away by
-the algorithm's own refund at the booking's instant, inside this one atomic script, so no
-other client ever sees them: nothing is booked for a rejected request.
+the algorithm's own refund at the booking's instant (refund id 0: never re-sent, so not
+recorded), inside this one atomic script, so no other client ever sees them: nothing is
+booked for a rejected request.
 ]]
 
 local out = {}
@@ -45,7 +46,7 @@ for _ = 1, tonumber(ARGV[1]) do
       return redis.error_reply('ERR floodgate batch: unknown algorithm')
     end
     local args = {'charge', ARGV[arg + 3], ARGV[arg + 4], ARGV[arg + 5], ARGV[arg + 6],
-      ARGV[arg + 7], ARGV[arg + 8], '0'}
+      ARGV[arg + 7], ARGV[arg + 8], '0', '0'}
     local reply = run({KEYS[key]}, args)
     if reply.err then
       return reply
@@ -72,7 +73,7 @@ for _ = 1, tonumber(ARGV[1]) do
     if rejected and reply[1] == 1 and reply[5] == 1 and item.args[2] ~= '0'
         and item.args[6] ~= '1' then
       local undo = item.run({item.key}, {'refund', item.args[2], item.args[3], item.args[4],
-        item.args[5], item.args[6], item.args[7], string.format('%d', reply[4])})
+        item.args[5], item.args[6], item.args[7], string.format('%d', reply[4]), '0'})
       if undo.err then
         return undo
       end

@@ -1,7 +1,8 @@
 --[[
 floodgate: fixed window (SPEC 3), the Lua twin of src/algorithm/fixed_window.rs.
 
-KEYS[1]  the bucket: a hash {w = window index, c = count, lk = locked-until ms (0 = none)}
+KEYS[1]  the bucket: a hash {w = window index, c = count, lk = locked-until ms (0 = none),
+         r = ids of the last refunds applied (see prelude)}
 ARGV[1]  "charge" or "refund"
 ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)
@@ -10,6 +11,7 @@ ARGV[5]  B: burst (unused here; every script takes the same ARGV)
 ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
@@ -22,7 +24,8 @@ command, which can trail TIME by a millisecond: the key could vanish while it st
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 
-local s = redis.call('HMGET', key, 'w', 'c', 'lk')
+local s = redis.call('HMGET', key, 'w', 'c', 'lk', 'r')
+local refunds = s[4] or ''
 local window = tonumber(s[1]) or 0
 local count = tonumber(s[2]) or 0
 local locked = tonumber(s[3]) or 0
@@ -41,12 +44,16 @@ if op == 'refund' then
   if not booked_at then
     return redis.error_reply('ERR floodgate fixed_window: bad booked_at')
   end
+  if refund_seen(refunds, refund_id) then
+    return {0, now}
+  end
   -- A booking from another window is already forgotten.
   if math.floor(booked_at / W) ~= window or count == 0 or n == 0 then
     return {0, now}
   end
   count = count - math.min(count, n)
   save()
+  redis.call('HSET', key, 'r', refund_remember(refunds, refund_id))
   return {1, now}
 end
 

@@ -12,11 +12,15 @@ local L = tonumber(ARGV[4])
 local B = tonumber(ARGV[5])
 local consume = ARGV[6] == '1'
 local lockout = tonumber(ARGV[7])
+local refund_id = ARGV[9]
 if op ~= 'charge' and op ~= 'refund' then
   return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': unknown op')
 end
 if not (n and W and L and B and lockout) or n < 0 or W < 1 or L < 1 or B < 1 or lockout < 0 then
   return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': bad arguments')
+end
+if op == 'refund' and not (refund_id and string.match(refund_id, '^%d+$') and #refund_id <= 20) then
+  return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': bad refund id')
 end
 
 -- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
@@ -36,4 +40,28 @@ local function cdiv(a, b)
     q = q + 1
   end
   return q
+end
+
+-- Refunds are applied at most once: each bucket keeps the ids of its last RECENT_REFUNDS
+-- applied refunds as one string "id,id,...", oldest first, and ignores a repeated id (a
+-- refund re-sent after its reply was lost).
+local RECENT_REFUNDS = 8
+
+-- Id 0 is an undo inside the same script as its booking (lua/batch.lua): it can never be
+-- re-sent, so it is neither checked nor recorded.
+local function refund_seen(ids, id)
+  return id ~= '0' and string.find(',' .. ids .. ',', ',' .. id .. ',', 1, true) ~= nil
+end
+
+-- ids with id appended, keeping the last RECENT_REFUNDS.
+local function refund_remember(ids, id)
+  if id == '0' then
+    return ids
+  end
+  local list = {}
+  for x in string.gmatch(ids, '[^,]+') do
+    list[#list + 1] = x
+  end
+  list[#list + 1] = id
+  return table.concat(list, ',', math.max(1, #list - RECENT_REFUNDS + 1), #list)
 end

@@ -2,10 +2,14 @@
 floodgate: sliding log, the exact algorithm (SPEC 3); the Lua twin of
 src/algorithm/sliding_log.rs. Validation keeps L <= 10000.
 
-KEYS[1]  the bucket: a sorted set. Every booked unit is one member "<ts>:<seq>" scored by
-         its booking time ts (ms); seq (zero-padded, 1..count at that ts) only makes members
-         unique. The lock is the member "lock" scored by -locked_until, below every ts, so
-         one key holds the whole state.
+KEYS[1]  the bucket: a sorted set holding
+           "<ts>:<count>"  scored ts (> 0): the bookings made at ms ts, one member per
+                           instant (a second booking at the same ms replaces it with the sum)
+           "total"         scored -(sum of every stored count), present while that is > 0
+           "lock"          scored -locked_until, present while a lock was set
+           "ids:<list>"    scored -inf: the ids of the last refunds applied (see prelude)
+         so one key holds the whole state, and memory and work per booking do not grow
+         with its cost.
 ARGV[1]  "charge" or "refund"
 ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)
@@ -15,6 +19,7 @@ ARGV[6]  1 = on_over_limit consume; config validation rejects it for this algori
          denial never writes here (a log of denied bookings would only grow)
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
 fixed_window.lua for why absolute.
@@ -23,10 +28,12 @@ Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
 
-One member per unit (rather than one per booking with a count) makes every question a
-sorted-set lookup: the live count is ZCOUNT, the k-th oldest live unit is ZRANGE by rank.
-A unit is live iff ts > now - W. Peeks and denials never write, so dead members linger
-until the next booking trims them; they are ignored until then.
+A booking is live iff ts > now - W. The live count is the running total once the bookings
+that have left the window are dropped: every call drops them first (adjusting the total),
+so each member is read once after it dies and the count costs O(1) amortized. Dropping
+them never changes an answer, so a peek or a denial that finds such bookings removes them
+(the only writes a peek or denial makes). A denial's wait walks the oldest live bookings
+until enough units leave: at most one member per unit of the excess.
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 if L > 10000 then
@@ -39,17 +46,47 @@ local locked = 0
 if lock_score then
   locked = -tonumber(lock_score)
 end
+local total_score = redis.call('ZSCORE', key, 'total')
+local live = 0
+if total_score then
+  live = -tonumber(total_score)
+end
 
--- Live units: ts in (now - W, +inf). Lock and dead units sort below them.
-local live = redis.call('ZCOUNT', key, '(' .. horizon, '+inf')
+-- The count of a booking member "<ts>:<count>".
+local function units(member)
+  return tonumber(string.match(member, ':(%d+)$'))
+end
 
--- ms until the newest live unit leaves the window (0 when none is live).
+local function store_total()
+  if live > 0 then
+    redis.call('ZADD', key, int(-live), 'total')
+  else
+    redis.call('ZREM', key, 'total')
+  end
+end
+
+-- Drop the bookings that have left the window.
+local dead = redis.call('ZRANGEBYSCORE', key, '(0', horizon)
+if #dead > 0 then
+  for i = 1, #dead do
+    live = live - units(dead[i])
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '(0', horizon)
+  store_total()
+end
+
+-- The newest booking's ts, or nil when none is stored.
+local function newest_ts()
+  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(0', 'WITHSCORES', 'LIMIT', 0, 1)
+  return tonumber(newest[2])
+end
+
+-- ms until the newest booking leaves the window (0 when none is live).
 local function until_newest_leaves()
   if live == 0 then
     return 0
   end
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return math.max(tonumber(newest[2]) + W - now, 0)
+  return math.max(newest_ts() + W - now, 0)
 end
 
 -- R for a denied k: until enough of the oldest live units have left the window.
@@ -58,49 +95,53 @@ local function wait(k)
     return until_newest_leaves()
   end
   local excess = live + k - L
-  local below = redis.call('ZCOUNT', key, '-inf', horizon)
-  local unit = redis.call('ZRANGE', key, below + excess - 1, below + excess - 1, 'WITHSCORES')
-  return math.max(tonumber(unit[2]) + W - now, 0)
+  local left = 0
+  local offset = 0
+  while true do
+    local batch = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', offset, 64)
+    if #batch == 0 then
+      -- Unreachable while the total is the sum of the bookings; stay well-defined.
+      return until_newest_leaves()
+    end
+    for i = 1, #batch, 2 do
+      left = left + units(batch[i])
+      if left >= excess then
+        return math.max(tonumber(batch[i + 1]) + W - now, 0)
+      end
+    end
+    offset = offset + 64
+  end
 end
 
--- Expiry: when the newest unit leaves the window, or the lock ends.
+-- Expiry: when the newest booking leaves the window, or the lock ends.
 local function save()
   local expires = locked
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if newest[2] and tonumber(newest[2]) > 0 then
-    expires = math.max(expires, tonumber(newest[2]) + W)
+  local newest = newest_ts()
+  if newest then
+    expires = math.max(expires, newest + W)
   end
   if locked > 0 then
     redis.call('ZADD', key, int(-locked), 'lock')
   end
+  store_total()
   -- A no-op when the set emptied (Redis deleted the key).
   redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
 end
 
--- Seq of the newest unit booked at ts (members at one score sort by their padded seq).
-local function last_seq(ts)
-  local m = redis.call('ZREVRANGEBYSCORE', key, int(ts), int(ts), 'LIMIT', 0, 1)
-  if m[1] then
-    return tonumber(string.match(m[1], ':(%d+)$'))
+-- Replaces the booking at ts (if any) by one of its count plus delta; returns the old count.
+local function rebook(ts, delta)
+  local stamp = int(ts)
+  local found = redis.call('ZRANGEBYSCORE', key, stamp, stamp, 'LIMIT', 0, 1)
+  local count = 0
+  if found[1] then
+    count = units(found[1])
+    redis.call('ZREM', key, found[1])
   end
-  return 0
-end
-
-local function book(k)
-  redis.call('ZREMRANGEBYSCORE', key, 0, horizon)
-  local seq = last_seq(now)
-  local stamp = int(now)
-  local args = {}
-  -- ZADD in slices: Lua's unpack limits the number of arguments.
-  for i = 1, k do
-    args[#args + 1] = stamp
-    args[#args + 1] = stamp .. ':' .. string.format('%05d', seq + i)
-    if #args >= 400 or i == k then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
-    end
+  if count + delta > 0 then
+    redis.call('ZADD', key, stamp, stamp .. ':' .. int(count + delta))
   end
-  live = live + k
+  live = live + delta
+  return count
 end
 
 if op == 'refund' then
@@ -108,18 +149,26 @@ if op == 'refund' then
   if not booked_at then
     return redis.error_reply('ERR floodgate sliding_log: bad booked_at')
   end
+  local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0, 1)
+  local ids = ''
+  if found[1] then
+    ids = string.sub(found[1], 5)
+  end
   -- Units that have left the window are already gone.
-  if n == 0 or booked_at <= now - W then
+  if n == 0 or booked_at <= now - W or refund_seen(ids, refund_id) then
     return {0, now}
   end
-  local units = redis.call('ZREVRANGEBYSCORE', key, int(booked_at), int(booked_at), 'LIMIT', 0, n)
-  if #units == 0 then
+  local booking = redis.call('ZRANGEBYSCORE', key, int(booked_at), int(booked_at), 'LIMIT', 0, 1)
+  if not booking[1] then
     return {0, now}
   end
-  for i = 1, #units, 200 do
-    redis.call('ZREM', key, unpack(units, i, math.min(i + 199, #units)))
+  rebook(booked_at, -math.min(n, units(booking[1])))
+  if refund_id ~= '0' then
+    if found[1] then
+      redis.call('ZREM', key, found[1])
+    end
+    redis.call('ZADD', key, '-inf', 'ids:' .. refund_remember(ids, refund_id))
   end
-  redis.call('ZREMRANGEBYSCORE', key, 0, horizon)
   save()
   return {1, now}
 end
@@ -127,7 +176,7 @@ end
 -- Returns allowed, remaining, reset_ms, booked. A denial never books (see ARGV[6]).
 local function check()
   if live + n <= L then
-    book(n)
+    rebook(now, n)
     return true, L - live, until_newest_leaves(), true
   end
   return false, 0, wait(n), false

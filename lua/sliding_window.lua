@@ -3,7 +3,8 @@ floodgate: sliding window, the weighted two-window counter (SPEC 3); the Lua twi
 src/algorithm/sliding_window.rs. Validation keeps L*W <= 2^53, so products stay exact.
 
 KEYS[1]  the bucket: a hash {w = window index, c = current count, p = previous count,
-         lk = locked-until ms (0 = none)}
+         lk = locked-until ms (0 = none),
+         r = ids of the last refunds applied (see prelude)}
 ARGV[1]  "charge" or "refund"
 ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)
@@ -12,6 +13,7 @@ ARGV[5]  B: burst (unused here; every script takes the same ARGV)
 ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
 fixed_window.lua for why absolute.
@@ -22,7 +24,8 @@ Reply, integers only:
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 
-local s = redis.call('HMGET', key, 'w', 'c', 'p', 'lk')
+local s = redis.call('HMGET', key, 'w', 'c', 'p', 'lk', 'r')
+local refunds = s[5] or ''
 local window = tonumber(s[1]) or 0
 local c = tonumber(s[2]) or 0
 local p = tonumber(s[3]) or 0
@@ -55,6 +58,9 @@ if op == 'refund' then
   if not booked_at then
     return redis.error_reply('ERR floodgate sliding_window: bad booked_at')
   end
+  if refund_seen(refunds, refund_id) then
+    return {0, now}
+  end
   local b = math.floor(booked_at / W)
   if window == b and c > 0 and n > 0 then
     c = c - math.min(c, n)
@@ -64,6 +70,7 @@ if op == 'refund' then
     return {0, now}
   end
   save()
+  redis.call('HSET', key, 'r', refund_remember(refunds, refund_id))
   return {1, now}
 end
 

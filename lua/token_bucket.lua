@@ -6,7 +6,8 @@ Scaling keeps everything integral: g = gcd(W, L), one request is U = W/g units, 
 leaks lambda = L/g units per ms, capacity C = B*U. Validation keeps C <= 2^53, so every
 quantity below is an exact double.
 
-KEYS[1]  the bucket: a hash {u = level in units, t = ms of u, lk = locked-until ms (0 = none)}
+KEYS[1]  the bucket: a hash {u = level in units, t = ms of u, lk = locked-until ms (0 = none),
+         r = ids of the last refunds applied (see prelude)}
 ARGV[1]  "charge" or "refund"
 ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)
@@ -14,7 +15,8 @@ ARGV[4]  L: requests per window (>= 1)
 ARGV[5]  B: burst, the capacity in requests (>= 1)
 ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
-ARGV[8]  refund only: booked_at (unused: units leak alike whoever booked them)
+ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
 fixed_window.lua for why absolute.
@@ -37,7 +39,8 @@ local U = W / g
 local lambda = L / g
 local C = B * U
 
-local s = redis.call('HMGET', key, 'u', 't', 'lk')
+local s = redis.call('HMGET', key, 'u', 't', 'lk', 'r')
+local refunds = s[4] or ''
 local level = tonumber(s[1]) or 0
 local updated = tonumber(s[2]) or 0
 local locked = tonumber(s[3]) or 0
@@ -56,17 +59,24 @@ local function save()
 end
 
 if op == 'refund' then
-  if u0 == 0 or n == 0 then
+  local booked_at = tonumber(ARGV[8])
+  if not booked_at then
+    return redis.error_reply('ERR floodgate token_bucket: bad booked_at')
+  end
+  if refund_seen(refunds, refund_id) then
     return {0, now}
   end
-  -- n*U may not be exact when huge, but it is then above u0 all the same.
-  if n * U >= u0 then
-    level = 0
-  else
-    level = u0 - n * U
+  -- Give back what the booking may still hold: n*U less everything leaked since it was
+  -- made, and never more than the level (see token_bucket.rs for why this is safe). n*U or
+  -- the leak may not be exact when huge, but each is then beyond the level all the same.
+  local held = n * U - math.max(now - booked_at, 0) * lambda
+  if u0 == 0 or held <= 0 then
+    return {0, now}
   end
+  level = u0 - math.min(u0, held)
   updated = now
   save()
+  redis.call('HSET', key, 'r', refund_remember(refunds, refund_id))
   return {1, now}
 end
 

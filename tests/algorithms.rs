@@ -246,3 +246,121 @@ proptest! {
         prop_assert_eq!(bucket.expires_at_ms(&params), DAY_START + drain as i64);
     }
 }
+
+/// One step of a token-bucket history: a charge of `cost`, or the refund of the
+/// `pick`-th (modulo) still-unrefunded booking. Each step happens `dt` ms after the last.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Charge { dt: i64, cost: u64 },
+    Refund { dt: i64, pick: usize },
+}
+
+fn any_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0i64..400, 1u64..=12).prop_map(|(dt, cost)| Step::Charge { dt, cost }),
+        1 => (0i64..400, any::<usize>()).prop_map(|(dt, pick)| Step::Refund { dt, pick }),
+    ]
+}
+
+/// Runs `steps` on a fresh token bucket, with the extra request `x = (cost, charged before
+/// step i, refunded before step j)` when given, and returns what every charge step answered
+/// and a cost-1 peek after every step (the extra request's own answer is left out).
+fn token_bucket_run(
+    policy: &Policy,
+    steps: &[Step],
+    x: Option<(u64, usize, usize)>,
+) -> Vec<(Option<Verdict>, Verdict)> {
+    let mut bucket = Bucket::new(Algorithm::TokenBucket);
+    let mut now = DAY_START;
+    // (cost, booked_at) of the bookings not yet refunded, the extra request's kept apart.
+    let mut bookings: Vec<(u64, i64)> = Vec::new();
+    let mut x_booking = None;
+    let mut answers = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let dt = match *step {
+            Step::Charge { dt, .. } | Step::Refund { dt, .. } => dt,
+        };
+        now += dt;
+        if let Some((cost, charged, refunded)) = x {
+            if i == charged && bucket.decide(policy, now, cost).booked {
+                x_booking = Some((cost, now));
+            }
+            if i == refunded
+                && let Some((cost, at)) = x_booking.take()
+            {
+                bucket.refund(policy, now, cost, at);
+            }
+        }
+        let answer = match *step {
+            Step::Charge { cost, .. } => {
+                let verdict = bucket.decide(policy, now, cost);
+                if verdict.booked {
+                    bookings.push((cost, now));
+                }
+                Some(verdict)
+            }
+            Step::Refund { pick, .. } => {
+                if !bookings.is_empty() {
+                    let (cost, at) = bookings.remove(pick % bookings.len());
+                    bucket.refund(policy, now, cost, at);
+                }
+                None
+            }
+        };
+        answers.push((answer, bucket.clone().decide(policy, now, 0)));
+    }
+    answers
+}
+
+proptest! {
+    /// A token-bucket request that is booked and later refunded never lets more through
+    /// than if it had never been made: until the two histories first answer a charge
+    /// differently, the one with the refunded request is never the one that admits, and
+    /// never shows more remaining.
+    #[test]
+    fn token_bucket_refund_never_lets_more_through(
+        limit in 1u32..=20,
+        burst in 1u32..=20,
+        unit in prop::sample::select(vec![Unit::Second, Unit::Minute]),
+        steps in prop::collection::vec(any_step(), 2..40),
+        x_cost in 1u64..=12,
+        x_at in any::<prop::sample::Index>(),
+        x_refund_after in any::<prop::sample::Index>(),
+    ) {
+        let policy = policy(Algorithm::TokenBucket, limit, burst, unit, false, 0);
+        let charged = x_at.index(steps.len() - 1);
+        let refunded = charged + x_refund_after.index(steps.len() - charged);
+        let with = token_bucket_run(&policy, &steps, Some((x_cost, charged, refunded)));
+        let without = token_bucket_run(&policy, &steps, None);
+        for (i, ((a, peek_a), (b, peek_b))) in with.iter().zip(&without).enumerate() {
+            if let (Some(a), Some(b)) = (a, b) {
+                prop_assert!(
+                    !a.allowed || b.allowed,
+                    "step {i} admitted only with the refunded request: {a:?} vs {b:?}"
+                );
+                if a.allowed != b.allowed {
+                    break;
+                }
+            }
+            prop_assert!(
+                peek_a.remaining <= peek_b.remaining,
+                "step {i}: {peek_a:?} vs {peek_b:?}"
+            );
+        }
+    }
+}
+
+/// The example: L = 10/s, B = 10. X books 1 at 0 ms, Y books 9 at 100 ms, and X's
+/// refund at 100 ms gives nothing back: X's 100 units leaked in those 100 ms, so the
+/// bucket holds only Y's 900 and has room for one request, as if X had never come.
+#[test]
+fn token_bucket_refund_gives_back_nothing_that_has_leaked() {
+    let policy = policy(Algorithm::TokenBucket, 10, 10, Unit::Second, false, 0);
+    let mut bucket = Bucket::new(Algorithm::TokenBucket);
+    assert!(bucket.decide(&policy, DAY_START, 1).allowed);
+    assert!(bucket.decide(&policy, DAY_START + 100, 9).allowed);
+    bucket.refund(&policy, DAY_START + 100, 1, DAY_START);
+    assert_eq!(bucket.decide(&policy, DAY_START + 100, 0).remaining, 1);
+    assert!(!bucket.decide(&policy, DAY_START + 100, 2).allowed);
+    assert!(bucket.decide(&policy, DAY_START + 100, 1).allowed);
+}

@@ -85,6 +85,7 @@ fn refund_argv(refund: &Refund) -> Vec<String> {
         .into(),
         p.lockout_ms().to_string(),
         refund.booked_at_ms.to_string(),
+        refund.id.to_string(),
     ]
 }
 
@@ -171,12 +172,12 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
                 context()
             );
             if redis.booked {
-                booked.push(Refund {
-                    bucket: charge.bucket,
-                    policy: charge.policy,
-                    cost: charge.cost,
-                    booked_at_ms: redis.now_ms,
-                });
+                booked.push(Refund::new(
+                    charge.bucket,
+                    charge.policy,
+                    charge.cost,
+                    redis.now_ms,
+                ));
             }
         }
     }

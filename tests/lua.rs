@@ -9,7 +9,7 @@ mod common;
 
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::backend::scripts::{ScriptSet, source};
-use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions};
+use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions, Refund};
 use floodgate::rules::{Algorithm, Policy, Unit};
 use redis::{Commands, Connection};
 
@@ -81,13 +81,28 @@ fn charge(
     }
 }
 
+/// A refund with a fresh id.
 fn refund(
+    conn: &mut Connection,
+    algorithm: Algorithm,
+    key: &str,
+    n: u64,
+    p: (u64, u64, u64),
+    booked_at: i64,
+) -> bool {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    refund_with_id(conn, algorithm, key, n, p, booked_at, id)
+}
+
+fn refund_with_id(
     conn: &mut Connection,
     algorithm: Algorithm,
     key: &str,
     n: u64,
     (w, l, b): (u64, u64, u64),
     booked_at: i64,
+    id: u64,
 ) -> bool {
     let args = [
         "refund".to_owned(),
@@ -98,6 +113,7 @@ fn refund(
         "0".to_owned(),
         "0".to_owned(),
         booked_at.to_string(),
+        id.to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let v = eval(conn, algorithm, key, &args);
@@ -221,6 +237,30 @@ fn token_bucket_spec_vectors() {
     assert_eq!(replies[10][2], 100 - span);
 }
 
+/// Issue 9's example, L = 10/s, B = 10 (U = 100 units, leak 1 per ms): X books 1 at t,
+/// Y books 9 at t + 100 ms, so the bucket holds Y's 900 units. X's refund at t + 100 ms
+/// gives nothing back (X's units leaked meanwhile): one request fits, as without X.
+#[test]
+fn token_bucket_refund_gives_back_nothing_that_has_leaked() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server);
+    let tb = Algorithm::TokenBucket;
+    let p = (1_000, 10, 10);
+    let key = "fg:{tb-refund}";
+    let now = charge(&mut conn, tb, key, 0, p, false, 0).now_ms;
+    let _: () = conn
+        .hset_multiple(key, &[("u", 900), ("t", now), ("lk", 0)])
+        .unwrap();
+    assert!(!refund(&mut conn, tb, key, 1, p, now - 100));
+    let peek = charge(&mut conn, tb, key, 0, p, false, 0);
+    assert_eq!(peek.remaining, 1 + (peek.now_ms - now) / 100);
+    // A booking that has not leaked at all comes back whole.
+    let y = charge(&mut conn, tb, key, 1, p, false, 0);
+    assert!(refund(&mut conn, tb, key, 1, p, y.now_ms + 1_000));
+    let after = charge(&mut conn, tb, key, 0, p, false, 0);
+    assert_eq!(after.remaining, 1 + (after.now_ms - now) / 100);
+}
+
 #[test]
 fn sliding_window_seeded_vector() {
     let server = RedisServer::start();
@@ -290,16 +330,20 @@ fn sliding_log_admits_exactly_and_waits_for_the_oldest() {
     let f = charge(&mut conn, sl, key, 0, p, false, 0);
     assert_eq!((f.allowed, f.remaining), (true, 3));
     assert_eq!(f.reset_ms, a.now_ms + 60_000 - f.now_ms);
-    // Units older than W are not live: a seeded old unit does not count.
+    // Bookings older than W are not live: a seeded old one (counted in the total) does not
+    // count, and the next call drops it.
     let _: () = conn
-        .zadd(
-            key,
-            format!("{}:00001", f.now_ms - 60_000),
-            f.now_ms - 60_000,
-        )
+        .zadd(key, format!("{}:1", f.now_ms - 60_000), f.now_ms - 60_000)
         .unwrap();
+    let _: f64 = conn.zincr(key, "total", -1).unwrap();
     let g = charge(&mut conn, sl, key, 0, p, false, 0);
     assert_eq!(g.remaining, 3);
+    let old: Option<f64> = conn
+        .zscore(key, format!("{}:1", f.now_ms - 60_000))
+        .unwrap();
+    assert_eq!(old, None);
+    let total: Option<f64> = conn.zscore(key, "total").unwrap();
+    assert_eq!(total, Some(-2.0));
 }
 
 #[test]
@@ -429,10 +473,10 @@ fn refunds_undo_only_their_own_booking() {
         // The token bucket leaks a little meanwhile; at one request per 900 ms it is still
         // 3 after a few ms.
         assert_eq!(peek.remaining, 3, "{algorithm}");
-        // A refund naming a booking from an hour-old window changes nothing, except in the
-        // token bucket, whose units are not tied to a booking time.
+        // A refund naming a booking from an hour-old window changes nothing (in the token
+        // bucket: everything it booked has leaked since).
         let stale = refund(&mut conn, algorithm, &key, 1, p, a.now_ms - 3_600_000);
-        assert_eq!(stale, algorithm == Algorithm::TokenBucket, "{algorithm}");
+        assert!(!stale, "{algorithm}");
         // Refunding into an empty bucket is a no-op that creates nothing.
         assert!(!refund(&mut conn, algorithm, "fg:{none}", 1, p, a.now_ms));
         let exists: bool = conn.exists("fg:{none}").unwrap();
@@ -466,6 +510,18 @@ fn bad_arguments_are_errors_not_decisions() {
     let mut invocation = scripts.get(Algorithm::SlidingLog).key("fg:{bad}");
     invocation.arg(&["charge", "1", "1000", "10001", "1", "0", "0", "0"]);
     assert!(invocation.invoke::<Vec<i64>>(&mut conn).is_err());
+    // A refund needs an id of decimal digits.
+    for algorithm in ALL {
+        for id in [None, Some(""), Some("x1"), Some("123456789012345678901")] {
+            let mut invocation = scripts.get(algorithm).key("fg:{bad}");
+            invocation.arg(&["refund", "1", "1000", "1", "1", "0", "0", "0"]);
+            if let Some(id) = id {
+                invocation.arg(id);
+            }
+            let err = invocation.invoke::<Vec<i64>>(&mut conn).expect_err("no id");
+            assert!(err.to_string().contains("refund id"), "{algorithm}: {err}");
+        }
+    }
 }
 
 #[test]
@@ -603,8 +659,9 @@ fn sliding_log_books_and_refunds_thousands_of_units_at_once() {
     assert_eq!(a.remaining, 1);
     let b = charge(&mut conn, sl, key, 1, p, false, 0);
     assert_eq!((b.allowed, b.remaining), (true, 0));
-    let units: u64 = conn.zcard(key).unwrap();
-    assert_eq!(units, 10_000);
+    // One member per booking (two here, or one when both came in the same ms) and the total.
+    let members: u64 = conn.zcard(key).unwrap();
+    assert!(members <= 3, "{members} members");
     assert!(refund(&mut conn, sl, key, 9_999, p, a.now_ms));
     let peek = charge(&mut conn, sl, key, 0, p, false, 0);
     assert_eq!(peek.remaining, 9_999);
@@ -612,4 +669,72 @@ fn sliding_log_books_and_refunds_thousands_of_units_at_once() {
     let over = charge(&mut conn, sl, key, 10_000, p, false, 0);
     assert!(!over.allowed);
     assert_eq!(over.reset_ms, b.now_ms + 60_000 - over.now_ms);
+}
+
+/// Issue 9 item 2: a cost-10,000 booking on a 10,000/hour sliding log is one member, not
+/// 10,000 (1.3 MB before), so it takes under 8 KiB of Redis memory.
+#[test]
+fn sliding_log_memory_does_not_grow_with_the_cost() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server);
+    let key = "fg:{log-memory}";
+    let booked = charge(
+        &mut conn,
+        Algorithm::SlidingLog,
+        key,
+        10_000,
+        (3_600_000, 10_000, 10_000),
+        false,
+        0,
+    );
+    assert!(booked.allowed && booked.booked);
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .query(&mut conn)
+        .unwrap();
+    assert!(bytes < 8 * 1024, "{bytes} bytes");
+}
+
+/// Issue 9 item 4: the same refund delivered twice changes the bucket once, for every
+/// algorithm, on any backend. Two bookings of 2 (L = B = 5 per day); the first one's
+/// refund, sent twice, leaves the second booked: 3 remain, not 5.
+async fn refund_applies_once(backend: &dyn Backend) {
+    for algorithm in ALL {
+        let policy = Policy {
+            algorithm,
+            ..Policy::fixed_window(5, Unit::Day)
+        };
+        let bucket = BucketKey::new("api", "twice", [("k", "v")], &policy);
+        let charge = Charge {
+            bucket,
+            policy,
+            cost: 2,
+        };
+        let first = backend.charge(std::slice::from_ref(&charge)).await.unwrap()[0];
+        let second = backend.charge(std::slice::from_ref(&charge)).await.unwrap()[0];
+        assert!(first.booked && second.booked, "{algorithm}");
+        let refund = Refund::new(bucket, policy, 2, first.now_ms);
+        backend.refund(std::slice::from_ref(&refund)).await.unwrap();
+        backend.refund(&[refund]).await.unwrap();
+        let peek = Charge { cost: 0, ..charge };
+        let after = backend.charge(&[peek]).await.unwrap()[0];
+        assert_eq!(after.remaining, 3, "{algorithm} on {}", backend.name());
+    }
+}
+
+#[tokio::test]
+async fn refund_delivered_twice_applies_once_on_redis_and_memory() {
+    let server = RedisServer::start();
+    let backend = floodgate::backend::RedisBackend::connect(&server.url(), RedisOptions::default())
+        .await
+        .unwrap();
+    refund_applies_once(&backend).await;
+    refund_applies_once(&floodgate::backend::memory::MemoryBackend::new(1_000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_delivered_twice_applies_once_on_redis_cluster() {
+    let cluster = RedisCluster::start_async().await;
+    refund_applies_once(&cluster.backend().await).await;
 }

@@ -72,12 +72,7 @@ async fn behaves(backend: &dyn Backend) {
         .iter()
         .zip(&second)
         .filter(|(_, o)| o.booked)
-        .map(|(c, o)| Refund {
-            bucket: c.bucket,
-            policy: c.policy,
-            cost: c.cost,
-            booked_at_ms: o.now_ms,
-        })
+        .map(|(c, o)| Refund::new(c.bucket, c.policy, c.cost, o.now_ms))
         .collect();
     assert_eq!(refunds.len(), 1);
     backend.refund(&refunds).await.unwrap();

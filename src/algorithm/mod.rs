@@ -156,6 +156,15 @@ impl Bucket {
         with_counter!(&mut self.counter, c => c.refund(&params, now_ms, cost, booked_at_ms));
     }
 
+    /// How many units of the memory backend's cap this bucket takes: a sliding log one per
+    /// logged instant (its state grows with them), every other bucket one.
+    pub fn size(&self) -> usize {
+        match &self.counter {
+            CounterState::SlidingLog(log) => log.len().max(1),
+            _ => 1,
+        }
+    }
+
     /// When the bucket may be dropped: its counter is empty and any lock is over.
     pub fn expires_at_ms(&self, policy: &Policy) -> i64 {
         let params = Params::of(policy);

@@ -50,6 +50,16 @@ impl SlidingLog {
         self.entries.iter().copied()
     }
 
+    /// How many instants the log holds (expired ones until the next write drops them).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the log holds no booking.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     fn live(&self, params: &Params, now_ms: i64) -> Live {
         let horizon = i128::from(now_ms) - params.window();
         let first = self

@@ -15,8 +15,18 @@
 //!   `{min(u0 + n*U, 2^53), now}`, else no write.
 //! - peek: allowed iff `u0 + U <= C`; remaining `floor(max(0, C - u0) / U)`;
 //!   R = `ceil(u0 / λ)` when allowed, else `ceil((u0 + U - C) / λ)`; no write.
-//! - refund `cost`: store `{u0 - min(u0, cost*U), now}` (the instant of the booking does not
-//!   matter: units leak the same whoever booked them).
+//! - refund `(cost, booked_at)`: give back `r = min(u0, max(0, cost*U - leaked))` where
+//!   `leaked = max(0, now - booked_at) * λ` is everything the bucket has leaked since the
+//!   booking. When `r > 0` store `{u0 - r, now}`, else write nothing.
+//!
+//!   Why `leaked` is all of the bucket's leak: after the booking, the bucket with it and the
+//!   bucket in which it was never made receive the same later bookings and leak alike, so
+//!   the booking's share of the level (their difference) only shrinks while the bucket
+//!   without it would be empty, which takes at most the whole leak since `booked_at`. So
+//!   `cost*U - leaked` never exceeds what the booking still holds, and a refunded request
+//!   never lets more through than if it had never been made. It may give back less than
+//!   the booking still holds (units below it that leak first are counted as its own): the
+//!   safe side. A clock going backwards (`now < booked_at`) leaks nothing.
 //! - expires at `t + ceil(u / λ)`, when the level has leaked to 0.
 //!
 //! Arithmetic here is in 128 bits, so no input overflows; Lua stays exact below 2^53.
@@ -121,13 +131,19 @@ impl Counter for TokenBucket {
         }
     }
 
-    fn refund(&mut self, params: &Params, now_ms: i64, cost: u64, _booked_at_ms: i64) {
+    fn refund(&mut self, params: &Params, now_ms: i64, cost: u64, booked_at_ms: i64) {
         let Some(scale) = Scale::of(params) else {
             return;
         };
+        let since = (i128::from(now_ms) - i128::from(booked_at_ms)).max(0) as u128;
+        let leaked = since.saturating_mul(scale.leak);
+        let held = (u128::from(cost) * scale.unit).saturating_sub(leaked);
         let level = self.level_at(&scale, now_ms);
-        self.level = (level - level.min(u128::from(cost) * scale.unit)) as u64;
-        self.updated_ms = now_ms;
+        let give_back = level.min(held);
+        if give_back > 0 {
+            self.level = (level - give_back) as u64;
+            self.updated_ms = now_ms;
+        }
     }
 
     fn expires_at_ms(&self, params: &Params) -> i64 {
@@ -252,15 +268,24 @@ mod tests {
     }
 
     #[test]
-    fn refund_returns_units_at_the_current_level() {
+    fn refund_returns_what_has_not_leaked_since_the_booking() {
         let p = params(60, 60_000, 60);
         let mut b = TokenBucket::default();
         b.check(&p, NOW, 30, false);
         b.refund(&p, NOW + 5_000, 10, NOW);
-        // 30_000 units leaked 5_000 by then; 10 requests are 10_000 units.
-        assert_eq!((b.level, b.updated_ms), (15_000, NOW + 5_000));
+        // 30_000 units leaked 5_000 by then; 10 requests are 10_000 units, of which the
+        // booking may still hold 10_000 - 5_000.
+        assert_eq!((b.level, b.updated_ms), (20_000, NOW + 5_000));
         b.refund(&p, NOW + 5_000, u64::MAX, NOW);
         assert_eq!(b.level, 0);
+        // Everything leaked: nothing is given back, nothing is written.
+        b.check(&p, NOW + 6_000, 3, false);
+        let before = b.clone();
+        b.refund(&p, NOW + 9_000, 3, NOW + 6_000);
+        assert_eq!(b, before);
+        // A clock going backwards leaks nothing: the whole booking comes back.
+        b.refund(&p, NOW, 2, NOW + 6_000);
+        assert_eq!((b.level, b.updated_ms), (1_000, NOW));
     }
 
     #[test]

@@ -182,12 +182,12 @@ impl Cluster {
         for (item, result) in group.items.iter().zip(results) {
             let Ok(mut outcome) = result else { continue };
             if undo_all && undoable(item, &outcome) {
-                undo.push(Refund {
-                    bucket: item.charge.bucket,
-                    policy: item.charge.policy,
-                    cost: item.charge.cost,
-                    booked_at_ms: outcome.now_ms,
-                });
+                undo.push(Refund::new(
+                    item.charge.bucket,
+                    item.charge.policy,
+                    item.charge.cost,
+                    outcome.now_ms,
+                ));
                 outcome.booked = false;
                 outcome.rolled_back = true;
             }

@@ -19,9 +19,13 @@
 //!   ones; the cursor outruns the inserts, so it passes every slot within about `len / 3`
 //!   inserts into the shard and expired state cannot pile up while the shard grows.
 //! - Cap: each shard holds at most its share of the cap (`cap / 64`, spread exactly; caps
-//!   below 64 count as 64). A full shard first sweeps 32 more slots; if none was expired, it
+//!   below 64 count as 64), counted by `Bucket::size`: one per bucket, except that a sliding
+//!   log counts one per logged instant, since its state grows with them. A full shard first sweeps 32 more slots; if none was expired, it
 //!   drops the slot closest to expiry among 16 sampled at random. Dropping a still-live bucket
 //!   is counted in [`MemoryBackend::evictions`]: its requests start over from an empty bucket.
+//!
+//! Refunds are applied at most once: a shard remembers the ids of the last
+//! [`RECENT_REFUNDS`] refunds of each bucket that got one, and ignores a repeated id.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -46,6 +50,8 @@ const SWEEP_STEP: usize = 4;
 const FULL_SWEEP_STEP: usize = 32;
 /// Slots sampled to choose an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
+/// Refund ids a bucket remembers, as the Lua scripts do (`lua/prelude.lua`).
+pub const RECENT_REFUNDS: usize = 8;
 
 /// A source of time in ms since the Unix epoch.
 pub trait Clock: Send + Sync {
@@ -108,8 +114,13 @@ struct Shard {
     /// Key -> position in `slots`.
     index: HashMap<BucketKey, u32, BuildHasherDefault<KeyHasher>>,
     slots: Vec<Slot>,
-    /// Most buckets this shard may hold.
+    /// Most cap units (`Bucket::size`) this shard may hold.
     share: usize,
+    /// Cap units held now: the sum of the slots' `Bucket::size`.
+    size: usize,
+    /// Ids of the refunds applied to held buckets, for those that got any (most never do;
+    /// kept beside the slots so that slots stay small).
+    refunds: HashMap<BucketKey, RecentRefunds, BuildHasherDefault<KeyHasher>>,
     /// Next slot the sweep examines.
     cursor: usize,
     /// xorshift state for eviction sampling.
@@ -123,6 +134,26 @@ struct Slot {
     bucket: Bucket,
     /// `bucket.expires_at_ms(policy)` as of its last write: the sweep has no policy at hand.
     expires_at_ms: i64,
+}
+
+/// The last [`RECENT_REFUNDS`] refund ids applied to a bucket, in a ring.
+#[derive(Default)]
+struct RecentRefunds {
+    ids: [u64; RECENT_REFUNDS],
+    /// How many ids were ever recorded; the next goes to `len % RECENT_REFUNDS`.
+    len: usize,
+}
+
+impl RecentRefunds {
+    /// Records `id`, answering whether it was new.
+    fn record(&mut self, id: u64) -> bool {
+        if self.ids[..self.len.min(RECENT_REFUNDS)].contains(&id) {
+            return false;
+        }
+        self.ids[self.len % RECENT_REFUNDS] = id;
+        self.len += 1;
+        true
+    }
 }
 
 /// Hashes a `BucketKey` by folding its bytes: they already are a uniform hash.
@@ -158,6 +189,8 @@ impl MemoryBackend {
                     index: HashMap::default(),
                     slots: Vec::new(),
                     share: capacity / SHARDS + usize::from(i < capacity % SHARDS),
+                    size: 0,
+                    refunds: HashMap::default(),
                     cursor: 0,
                     rng: 0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
                     evictions: 0,
@@ -171,7 +204,7 @@ impl MemoryBackend {
         }
     }
 
-    /// The cap on live buckets (as clamped by the constructor).
+    /// The cap (as clamped by the constructor), in `Bucket::size` units.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -240,12 +273,12 @@ impl MemoryBackend {
         if group.rejects(&outcomes) {
             for (item, outcome) in group.items.iter().zip(&mut outcomes) {
                 if undoable(item, outcome) {
-                    let refund = Refund {
-                        bucket: item.charge.bucket,
-                        policy: item.charge.policy,
-                        cost: item.charge.cost,
-                        booked_at_ms: now_ms,
-                    };
+                    let refund = Refund::in_place(
+                        item.charge.bucket,
+                        item.charge.policy,
+                        item.charge.cost,
+                        now_ms,
+                    );
                     locked_shard(&mut locked, &refund.bucket).refund(&refund, now_ms);
                     outcome.booked = false;
                     outcome.rolled_back = true;
@@ -285,11 +318,18 @@ impl Shard {
     ) -> crate::algorithm::Verdict {
         if let Some(&at) = self.index.get(&key) {
             let slot = &mut self.slots[at as usize];
+            let before = slot.bucket.size();
             if slot.expires_at_ms <= now_ms {
                 slot.bucket = Bucket::new(policy.algorithm);
+                self.refunds.remove(&key);
             }
             let verdict = slot.bucket.decide(policy, now_ms, cost);
             slot.expires_at_ms = slot.bucket.expires_at_ms(policy);
+            let after = slot.bucket.size();
+            self.size = self.size - before + after;
+            if after > before {
+                self.make_room(now_ms);
+            }
             return verdict;
         }
         let mut bucket = Bucket::new(policy.algorithm);
@@ -302,7 +342,7 @@ impl Shard {
                 bucket,
                 expires_at_ms,
             });
-            self.make_room_after_insert(now_ms);
+            self.make_room(now_ms);
         }
         verdict
     }
@@ -312,28 +352,41 @@ impl Shard {
             return;
         };
         let slot = &mut self.slots[at as usize];
-        if slot.expires_at_ms > now_ms {
-            slot.bucket
-                .refund(&refund.policy, now_ms, refund.cost, refund.booked_at_ms);
-            slot.expires_at_ms = slot.bucket.expires_at_ms(&refund.policy);
+        if slot.expires_at_ms <= now_ms {
+            return;
         }
+        if refund.id != 0
+            && !self
+                .refunds
+                .entry(refund.bucket)
+                .or_default()
+                .record(refund.id)
+        {
+            return;
+        }
+        let before = slot.bucket.size();
+        slot.bucket
+            .refund(&refund.policy, now_ms, refund.cost, refund.booked_at_ms);
+        slot.expires_at_ms = slot.bucket.expires_at_ms(&refund.policy);
+        self.size = self.size - before + slot.bucket.size();
     }
 
     fn insert(&mut self, slot: Slot) {
         self.index.insert(slot.key, self.slots.len() as u32);
+        self.size += slot.bucket.size();
         self.slots.push(slot);
     }
 
-    /// Sweeps a little; over the share, sweeps more and then evicts, so `len <= share`.
+    /// Sweeps a little; over the share, sweeps more and then evicts, so `size <= share`.
     ///
-    /// Runs after the new slot is in place, so the new bucket competes like any other: a
-    /// flood of short-lived buckets cannot push out ones that live longer.
-    fn make_room_after_insert(&mut self, now_ms: i64) {
+    /// Runs after the new or grown slot is in place, so it competes like any other: a flood
+    /// of short-lived buckets cannot push out ones that live longer.
+    fn make_room(&mut self, now_ms: i64) {
         self.sweep(now_ms, SWEEP_STEP);
-        if self.slots.len() > self.share {
+        if self.size > self.share {
             self.sweep(now_ms, FULL_SWEEP_STEP);
         }
-        while self.slots.len() > self.share {
+        while self.size > self.share {
             self.evict(now_ms);
         }
     }
@@ -374,7 +427,9 @@ impl Shard {
 
     fn remove(&mut self, at: usize) {
         let removed = self.slots.swap_remove(at);
+        self.size -= removed.bucket.size();
         self.index.remove(&removed.key);
+        self.refunds.remove(&removed.key);
         if let Some(moved) = self.slots.get(at) {
             self.index.insert(moved.key, at as u32);
         }
@@ -489,23 +544,13 @@ mod tests {
         let booked = one(&backend, charge(1, policy, 4)).await;
         clock.advance(10);
         backend
-            .refund(&[Refund {
-                bucket: key(1),
-                policy,
-                cost: 4,
-                booked_at_ms: booked.now_ms,
-            }])
+            .refund(&[Refund::new(key(1), policy, 4, booked.now_ms)])
             .await
             .unwrap();
         assert_eq!(one(&backend, charge(1, policy, 0)).await.remaining, 5);
         // Refunding a bucket that was never stored is a no-op.
         backend
-            .refund(&[Refund {
-                bucket: key(2),
-                policy,
-                cost: 4,
-                booked_at_ms: NOW,
-            }])
+            .refund(&[Refund::new(key(2), policy, 4, NOW)])
             .await
             .unwrap();
         assert_eq!(backend.len(), 1);
@@ -594,6 +639,45 @@ mod tests {
             held >= 60,
             "only {held} day-long buckets survived the flood"
         );
+    }
+
+    #[tokio::test]
+    async fn a_sliding_log_counts_against_the_cap_by_its_instants() {
+        // Cap 64: every shard's share is 1 unit. A log with bookings at two instants takes
+        // 2 units, more than its shard's share, and is evicted; a fixed window is not.
+        let (backend, clock) = backend(64);
+        let mut log = Policy::fixed_window(100, Unit::Minute);
+        log.algorithm = Algorithm::SlidingLog;
+        one(&backend, charge(1, log, 5)).await;
+        one(&backend, charge(1, log, 5)).await;
+        assert_eq!((backend.len(), backend.evictions()), (1, 0), "one instant");
+        clock.advance(1);
+        one(&backend, charge(1, log, 1)).await;
+        assert_eq!((backend.len(), backend.evictions()), (0, 1));
+
+        let window = Policy::fixed_window(100, Unit::Minute);
+        one(&backend, charge(2, window, 1)).await;
+        clock.advance(1);
+        one(&backend, charge(2, window, 1)).await;
+        assert_eq!((backend.len(), backend.evictions()), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_refund_delivered_twice_applies_once() {
+        let (backend, _) = backend(1000);
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let first = one(&backend, charge(1, policy, 2)).await;
+        one(&backend, charge(1, policy, 2)).await;
+        let refund = Refund::new(key(1), policy, 2, first.now_ms);
+        backend.refund(&[refund.clone(), refund]).await.unwrap();
+        assert_eq!(one(&backend, charge(1, policy, 0)).await.remaining, 3);
+        // Ids are remembered in a ring of RECENT_REFUNDS.
+        let mut recent = RecentRefunds::default();
+        for id in 0..RECENT_REFUNDS as u64 + 1 {
+            assert!(recent.record(id));
+        }
+        assert!(!recent.record(RECENT_REFUNDS as u64));
+        assert!(recent.record(0), "the oldest id was forgotten");
     }
 
     #[tokio::test]

@@ -62,6 +62,58 @@ pub struct Refund {
     pub cost: u64,
     /// `Outcome::now_ms` of the booking.
     pub booked_at_ms: i64,
+    /// Names this refund, so that a bucket applies it at most once: a refund delivered
+    /// again (a client re-sending it after its reply was lost) changes nothing. Each bucket
+    /// remembers the ids of its last few refunds (`RECENT_REFUNDS` in `lua/prelude.lua`,
+    /// the memory backend alike). `0` names an undo made inside the same atomic step as its
+    /// booking ([`Refund::in_place`]): it can never be delivered twice, so it is not recorded.
+    pub id: u64,
+}
+
+impl Refund {
+    /// The refund of one booking, with a fresh id.
+    pub fn new(bucket: BucketKey, policy: Policy, cost: u64, booked_at_ms: i64) -> Refund {
+        Refund {
+            bucket,
+            policy,
+            cost,
+            booked_at_ms,
+            id: fresh_refund_id(),
+        }
+    }
+
+    /// The undo of a booking made in the same atomic step (a rejected request's group on an
+    /// atomic backend): never re-sent, so it carries no id.
+    pub fn in_place(bucket: BucketKey, policy: Policy, cost: u64, booked_at_ms: i64) -> Refund {
+        Refund {
+            bucket,
+            policy,
+            cost,
+            booked_at_ms,
+            id: 0,
+        }
+    }
+}
+
+/// An id unique in this process and, with a random start per process, unlikely to meet
+/// another replica's in the same bucket's short memory (a collision only makes a refund
+/// be skipped: the safe side).
+fn fresh_refund_id() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static START: LazyLock<u64> = LazyLock::new(|| RandomState::new().hash_one(0u64));
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // splitmix64 of a counter: distinct inputs give distinct outputs (it is a bijection).
+    let mut z = START.wrapping_add(
+        NEXT.fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    );
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    // 0 is reserved for undos that carry no id.
+    (z ^ (z >> 31)).max(1)
 }
 
 /// Why a backend could not decide.

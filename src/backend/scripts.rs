@@ -158,6 +158,7 @@ pub(crate) struct Call {
     cost: u64,
     policy: Policy,
     booked_at_ms: i64,
+    refund_id: u64,
 }
 
 impl Call {
@@ -169,6 +170,7 @@ impl Call {
             cost: charge.cost,
             policy: charge.policy,
             booked_at_ms: 0,
+            refund_id: 0,
         }
     }
 
@@ -180,6 +182,7 @@ impl Call {
             cost: refund.cost,
             policy: refund.policy,
             booked_at_ms: refund.booked_at_ms,
+            refund_id: refund.id,
         }
     }
 
@@ -209,7 +212,8 @@ impl Call {
             .arg(policy.burst)
             .arg(if consume { "1" } else { "0" })
             .arg(policy.lockout_ms())
-            .arg(self.booked_at_ms);
+            .arg(self.booked_at_ms)
+            .arg(self.refund_id);
         cmd
     }
 }
@@ -432,7 +436,7 @@ mod tests {
         assert!(!hashes.contains(set.batch().get_hash()));
         for algorithm in ALGORITHMS {
             let src = source(algorithm);
-            for word in ["KEYS[1]", "ARGV[8]", "Reply", "PEXPIRE", "TIME"] {
+            for word in ["KEYS[1]", "ARGV[9]", "Reply", "PEXPIRE", "TIME"] {
                 assert!(src.contains(word), "{algorithm}: header lacks {word}");
             }
         }
@@ -470,7 +474,7 @@ mod tests {
             .to_owned();
         let key = bucket.redis_key("fg");
         let expected = [
-            "EVALSHA", &sha, "1", &key, "charge", "3", "60000", "5", "7", "1", "9000", "0",
+            "EVALSHA", &sha, "1", &key, "charge", "3", "60000", "5", "7", "1", "9000", "0", "0",
         ];
         assert_eq!(words, expected);
         let eval = call

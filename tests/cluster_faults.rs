@@ -41,7 +41,11 @@ struct Tally {
     victim_recovered: bool,
 }
 
-const FULL: &[&str] = &["--cluster-require-full-coverage", "no"];
+/// With Redis' default (`yes`), every node answers `CLUSTERDOWN` for every key while a failed
+/// master's slots are uncovered (from its FAIL flag until its replica is promoted), so the
+/// healthy shards' buckets would fail for that second whatever the client does; floodgate
+/// documents `no` as the setting to run with.
+const NO_FULL_COVERAGE: &[&str] = &["--cluster-require-full-coverage", "no"];
 
 enum Fault {
     Kill,
@@ -191,12 +195,12 @@ fn assert_only_the_failed_shard_erred(tally: &Tally) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_fails_only_its_own_buckets() {
-    let tally = run(Fault::Kill, FULL).await;
+    let tally = run(Fault::Kill, NO_FULL_COVERAGE).await;
     assert_only_the_failed_shard_erred(&tally);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_master_fails_only_its_own_buckets() {
-    let tally = run(Fault::Freeze, FULL).await;
+    let tally = run(Fault::Freeze, NO_FULL_COVERAGE).await;
     assert_only_the_failed_shard_erred(&tally);
 }

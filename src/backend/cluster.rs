@@ -10,6 +10,10 @@
 //! broke (up to `CLIENT_RETRIES`, within the call's timeout): if the script had already run
 //! on a node that then died, that one booking may count twice. It is the price of riding
 //! through failovers without failing every call in flight.
+//!
+//! One failed master fails only its own buckets provided the cluster runs with
+//! `cluster-require-full-coverage no`: with Redis' default every node answers `CLUSTERDOWN`
+//! for every key until the failed master's replica is promoted, which no client can avoid.
 
 use std::fmt;
 use std::sync::Arc;

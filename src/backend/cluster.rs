@@ -10,6 +10,10 @@
 //! broke (up to `CLIENT_RETRIES`, within the call's timeout): if the script had already run
 //! on a node that then died, that one booking may count twice. It is the price of riding
 //! through failovers without failing every call in flight.
+//!
+//! One failed master fails only its own buckets provided the cluster runs with
+//! `cluster-require-full-coverage no`: with Redis' default every node answers `CLUSTERDOWN`
+//! for every key until the failed master's replica is promoted, which no client can avoid.
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +23,7 @@ use futures::future::join_all;
 use redis::Value;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use tokio::time::{Instant, timeout_at};
 
 use super::redis::{RedisOptions, Secrets, config_error};
@@ -237,13 +242,21 @@ impl Backend for ClusterBackend {
         self.0.refund(refunds).await
     }
 
-    /// PING goes to every master: the cluster is ready only when all of them answer.
+    /// PING goes to every master and the first answer counts: the cluster is reachable while
+    /// any master answers. One failed or frozen master makes only its own buckets fail (the
+    /// others answer normally, given `cluster-require-full-coverage no`); reporting NOT_SERVING
+    /// for it would take every floodgate replica out of rotation at once, as all of them see
+    /// the same cluster.
     async fn ping(&self) -> Result<(), BackendError> {
         let cluster = &self.0;
         let deadline = Instant::now() + cluster.options.timeout;
         let mut conn = cluster.conn.clone();
+        let any_master = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::OneSucceeded),
+        ));
         cluster
-            .bounded(deadline, redis::cmd("PING").query_async::<Value>(&mut conn))
+            .bounded(deadline, conn.route_command(redis::cmd("PING"), any_master))
             .await
             .map(|_| ())
     }

@@ -200,6 +200,17 @@ impl RedisServer {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the running process with `kill`, e.g. to freeze
+    /// a node without closing its sockets.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("server running");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
     /// Whether the process is running.
     pub fn is_running(&self) -> bool {
         self.child.is_some()
@@ -245,9 +256,18 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts a cluster from async code (forming it blocks for a few seconds).
     pub async fn start_async() -> RedisCluster {
-        tokio::task::spawn_blocking(RedisCluster::start)
-            .await
-            .expect("cluster start")
+        RedisCluster::start_with_async(&[]).await
+    }
+
+    /// [`RedisCluster::start_with`] from async code.
+    pub async fn start_with_async(extra: &[&str]) -> RedisCluster {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            RedisCluster::start_with(&extra)
+        })
+        .await
+        .expect("cluster start")
     }
 
     /// A `ClusterBackend` on this cluster with default options.
@@ -260,18 +280,22 @@ impl RedisCluster {
     /// Starts six cluster-enabled nodes, forms the cluster with `redis-cli --cluster create`
     /// and waits until every node reports `cluster_state:ok` and every replica is in sync.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
-            })
-            .collect();
+        RedisCluster::start_with(&[])
+    }
+
+    /// Starts a cluster as [`RedisCluster::start`] does, with `extra` `redis-server`
+    /// arguments on every node.
+    pub fn start_with(extra: &[&str]) -> RedisCluster {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
+        args.extend_from_slice(extra);
+        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_with(&args)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))

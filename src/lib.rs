@@ -25,6 +25,7 @@ pub mod algorithm;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod dynamic_metadata;
 pub mod headers;
 pub mod health;
 pub mod limiter;

@@ -67,9 +67,9 @@ pub mod ratelimit {
 
 pub use envoy::config::core::v3 as core;
 pub use envoy::extensions::common::ratelimit::v3 as common;
+pub use envoy::service::discovery::v3 as discovery;
 pub use envoy::service::ratelimit::v3 as rls;
 pub use envoy::r#type::v3 as types;
-pub use envoy::service::discovery::v3 as discovery;
 pub use ratelimit::config::ratelimit::v3 as rls_conf;
 
 /// Encoded descriptor set of every message above.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant as StdInstant};
 use tokio::time::Instant;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
+use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
 use crate::limiter::request::InvalidRequest;
 use crate::limiter::{
@@ -58,6 +59,7 @@ impl From<DecideError> for GrpcStatus {
 pub struct RlsService {
     limiter: Arc<Limiter>,
     header_mode: HeaderMode,
+    dynamic_metadata: bool,
 }
 
 impl RlsService {
@@ -66,7 +68,14 @@ impl RlsService {
         RlsService {
             limiter,
             header_mode,
+            dynamic_metadata: false,
         }
+    }
+
+    /// Also answers with dynamic metadata (see [`crate::dynamic_metadata`]).
+    pub fn with_dynamic_metadata(mut self, enabled: bool) -> RlsService {
+        self.dynamic_metadata = enabled;
+        self
     }
 
     /// Validates, decides and encodes one request.
@@ -81,11 +90,15 @@ impl RlsService {
         let metrics = self.limiter.metrics();
         let started = StdInstant::now();
         let result = async {
-            let request = to_request(request).inspect_err(|_| {
+            let parsed = to_request(request).inspect_err(|_| {
                 metrics.invalid_requests.inc();
             })?;
-            let response = self.limiter.should_rate_limit(&request, deadline).await?;
-            Ok(to_proto_response(&response, self.header_mode))
+            let decided = self.limiter.should_rate_limit(&parsed, deadline).await?;
+            let mut response = to_proto_response(&decided, self.header_mode);
+            if self.dynamic_metadata {
+                response.dynamic_metadata = Some(dynamic_metadata::build(request, &decided));
+            }
+            Ok(response)
         }
         .await;
         Metrics::observe(&metrics.request_latency, started.elapsed());
@@ -397,6 +410,7 @@ mod tests {
                 }),
                 limit_remaining: 3,
                 reset_seconds: None,
+                metadata: None,
             }],
         };
         let encoded = prost::Message::encode_to_vec(&to_proto_response(&response, HeaderMode::Off));

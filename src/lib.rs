@@ -38,3 +38,4 @@ pub mod server;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod xds;

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
@@ -39,6 +40,9 @@ pub enum DecideError {
     /// The backend failed and the failure mode is `error`.
     #[error("rate limit backend unavailable")]
     Unavailable(#[from] LimitError),
+    /// Started without rules (`--force-start-without-initial-config`) and none arrived yet.
+    #[error("no rate limit configuration loaded yet")]
+    NoRules,
 }
 
 impl From<DecideError> for GrpcStatus {
@@ -50,6 +54,9 @@ impl From<DecideError> for GrpcStatus {
             DecideError::Unavailable(_) => {
                 GrpcStatus::unavailable("rate limit backend unavailable")
             }
+            DecideError::NoRules => {
+                GrpcStatus::unavailable("no rate limit configuration loaded yet")
+            }
         }
     }
 }
@@ -60,6 +67,8 @@ pub struct RlsService {
     limiter: Arc<Limiter>,
     header_mode: HeaderMode,
     dynamic_metadata: bool,
+    /// Set when serving may start before the first rules: true once they arrived.
+    rules_loaded: Option<watch::Receiver<bool>>,
 }
 
 impl RlsService {
@@ -69,7 +78,15 @@ impl RlsService {
             limiter,
             header_mode,
             dynamic_metadata: false,
+            rules_loaded: None,
         }
+    }
+
+    /// Answers UNAVAILABLE until `loaded` turns true, as the reference answers before its
+    /// first config: Envoy's `failure_mode_deny` then decides.
+    pub fn with_rules_gate(mut self, loaded: watch::Receiver<bool>) -> RlsService {
+        self.rules_loaded = Some(loaded);
+        self
     }
 
     /// Also answers with dynamic metadata (see [`crate::dynamic_metadata`]).
@@ -90,6 +107,13 @@ impl RlsService {
         let metrics = self.limiter.metrics();
         let started = StdInstant::now();
         let result = async {
+            if self
+                .rules_loaded
+                .as_ref()
+                .is_some_and(|loaded| !*loaded.borrow())
+            {
+                return Err(DecideError::NoRules);
+            }
             let parsed = to_request(request).inspect_err(|_| {
                 metrics.invalid_requests.inc();
             })?;

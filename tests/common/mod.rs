@@ -63,6 +63,9 @@ pub fn settings(config_dir: &Path) -> Settings {
         header_mode: HeaderMode::Off,
         drain_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::ZERO,
+        xds: None,
+        startup: Default::default(),
+        response_dynamic_metadata: false,
     }
 }
 

@@ -7,7 +7,8 @@
 # 2. renders every kustomization under deploy/ with `kubectl kustomize`;
 # 3. deploy/checks.py: CRDs (EnvoyFilter) and the Envoy bootstrap parsed as Envoy v3
 #    protos, the Deployment's probe/drain/mount contract, the Istio cluster name against
-#    the rendered Service, descriptors sent vs. rules, and the Dockerfile;
+#    the rendered Service, descriptors sent vs. rules, the Dockerfile, and the Envoy Gateway
+#    patch applied (`kubectl patch --local`) to the Deployment Envoy Gateway generates;
 # 4. validates every rendered Kubernetes object against the API schemas, strictly (unknown
 #    fields fail), for the newest Kubernetes and for the oldest one the manifests support;
 # 5. `sh -n` over the shell scripts;

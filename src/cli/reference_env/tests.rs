@@ -564,6 +564,15 @@ fn unsupported_variables_are_reported_by_name() {
 #[test]
 fn an_envoy_gateway_xds_deployment_maps_onto_floodgate_settings() {
     let (args, report) = mapped(&[
+        // Envoy Gateway's own variables for its rate-limit Deployment, then the rest.
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
         ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
@@ -585,6 +594,7 @@ fn an_envoy_gateway_xds_deployment_maps_onto_floodgate_settings() {
         ("RESPONSE_DYNAMIC_METADATA", "true"),
     ]);
     assert!(report.unsupported.is_empty(), "{report:?}");
+    assert_eq!(args.backend, BackendKind::Redis);
     assert!(args.response_dynamic_metadata);
     let xds = &args.xds;
     assert_eq!(xds.config_source, ConfigSource::Xds);

@@ -121,6 +121,10 @@ pub fn serve_matches(matches: &ArgMatches) -> &ArgMatches {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; boxing the serve flags would only add indirection"
+)]
 pub enum Command {
     /// Run the rate-limit service (the default).
     Serve(ServeArgs),

@@ -21,6 +21,7 @@ use floodgate::xds::{Backoff, XdsSettings};
 use futures::{SinkExt, Stream};
 use prost::Message;
 use tokio::sync::{mpsc, watch};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -178,8 +179,17 @@ struct AdsServer {
 }
 
 impl AdsServer {
-    /// Serves on `addr` (port 0 picks one) with `snapshot`.
+    /// Serves on `addr` (port 0 picks one) with `snapshot`, in plaintext.
     async fn start(addr: SocketAddr, snapshot: Snapshot) -> AdsServer {
+        AdsServer::start_with_tls(addr, snapshot, None).await
+    }
+
+    /// Serves on `addr` with `snapshot`, over TLS when `tls` is given.
+    async fn start_with_tls(
+        addr: SocketAddr,
+        snapshot: Snapshot,
+        tls: Option<ServerTlsConfig>,
+    ) -> AdsServer {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("ADS binds");
@@ -193,8 +203,12 @@ impl AdsServer {
             killed: killed_rx.clone(),
         };
         let mut stop = killed_rx;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("server TLS config");
+        }
         let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener),
@@ -238,6 +252,14 @@ impl AdsServer {
         }
         self.addr
     }
+}
+
+/// Starts floodgate with `adjust` applied; bind waits for the first xDS rules unless forced
+/// to start without, so the wait is bounded here.
+async fn start_floodgate(adjust: impl FnOnce(&mut floodgate::server::Settings)) -> TestServer {
+    tokio::time::timeout(Duration::from_secs(30), TestServer::start_with(&[], adjust))
+        .await
+        .expect("floodgate starts (its first xDS rules arrive) in time")
 }
 
 fn xds_settings(addr: SocketAddr) -> XdsSettings {
@@ -299,7 +321,7 @@ async fn rules_arrive_change_get_nacked_and_survive_a_server_restart() {
     .await;
     let addr = ads.addr;
     // Without --force-start-without-initial-config, bind returns once v1 is in force.
-    let server = TestServer::start_with(&[], |settings| {
+    let server = start_floodgate(|settings| {
         settings.xds = Some(xds_settings(addr));
     })
     .await;
@@ -385,7 +407,7 @@ async fn serving(server: &TestServer) -> bool {
 async fn forced_start_serves_at_once_and_is_ready_only_with_rules() {
     let mut ads = AdsServer::start("127.0.0.1:0".parse().unwrap(), None).await;
     let addr = ads.addr;
-    let server = TestServer::start_with(&[], |settings| {
+    let server = start_floodgate(|settings| {
         settings.xds = Some(xds_settings(addr));
         settings.startup.force_start_without_initial_config = true;
         settings.startup.ready_only_with_rules = true;
@@ -440,7 +462,7 @@ async fn without_the_readiness_gate_an_empty_rule_set_is_ready() {
     )
     .await;
     let addr = ads.addr;
-    let server = TestServer::start_with(&[], |settings| {
+    let server = start_floodgate(|settings| {
         settings.xds = Some(xds_settings(addr));
     })
     .await;
@@ -454,6 +476,66 @@ async fn without_the_readiness_gate_an_empty_rule_set_is_ready() {
     }
     assert!(ready);
     assert_eq!(limit(&server).await, None, "no domain, no limit");
+    server.stop().await;
+    drop(ads);
+}
+
+/// A CA, a server certificate for `xds.test` and a client certificate, all PEM.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("CA key"))
+        .expect("CA certificate");
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec![name.to_owned()])
+            .expect("params")
+            .signed_by(&key, &ca)
+            .expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    Pki {
+        ca: ca.pem(),
+        server: leaf("xds.test"),
+        client: leaf("floodgate.test"),
+    }
+}
+
+#[tokio::test]
+async fn rules_arrive_over_mutual_tls() {
+    let pki = pki();
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&pki.server.0, &pki.server.1))
+        .client_ca_root(Certificate::from_pem(&pki.ca));
+    let ads = AdsServer::start_with_tls(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), rules("first", 2, 5))),
+        Some(tls),
+    )
+    .await;
+    let files = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = files.path().join(name);
+        std::fs::write(&path, text).expect("write PEM");
+        path
+    };
+    let mut settings = xds_settings(ads.addr);
+    settings.tls = Some(floodgate::xds::XdsTls {
+        cert: Some(write("client.pem", &pki.client.0)),
+        key: Some(write("client.key", &pki.client.1)),
+        ca: Some(write("ca.pem", &pki.ca)),
+        // The server is reached by IP; its certificate names xds.test.
+        san: Some("xds.test".into()),
+    });
+    let server = start_floodgate(|s| s.xds = Some(settings)).await;
+    assert_eq!(limit(&server).await, Some(5));
     server.stop().await;
     drop(ads);
 }

@@ -384,7 +384,9 @@ async fn rules_arrive_change_get_nacked_and_survive_a_server_restart() {
     server.stop().await;
 }
 
-async fn serving(server: &TestServer) -> bool {
+/// (gRPC health SERVING, `/healthcheck` 200): read one after the other, so a test waits
+/// for both to agree.
+async fn readiness(server: &TestServer) -> (bool, bool) {
     let mut health = HealthClient::new(server.channel().await);
     let status = health
         .check(HealthCheckRequest {
@@ -395,12 +397,19 @@ async fn serving(server: &TestServer) -> bool {
         .into_inner()
         .status();
     let http_ok = http("GET", &server.http_url("/healthcheck"), "").await.0 == 200;
-    assert_eq!(
-        status == ServingStatus::Serving,
-        http_ok,
-        "gRPC and HTTP agree"
-    );
-    http_ok
+    (status == ServingStatus::Serving, http_ok)
+}
+
+/// Polls until gRPC health and `/healthcheck` both say `ready` (bounded); returns whether
+/// they did.
+async fn wait_for_readiness(server: &TestServer, ready: bool) -> bool {
+    for _ in 0..100 {
+        if readiness(server).await == (ready, ready) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 #[tokio::test]
@@ -423,34 +432,28 @@ async fn forced_start_serves_at_once_and_is_ready_only_with_rules() {
     let _subscribe = ads.next_request().await;
     // The memory backend answers at once, so only the missing rules hold readiness back.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(!serving(&server).await, "not ready without rules");
+    assert_eq!(
+        readiness(&server).await,
+        (false, false),
+        "not ready without rules"
+    );
 
     ads.push("v1", rules("first", 2, 5));
     let (ack, _) = ads.next_request().await;
     assert_eq!(ack.version_info, "v1");
     wait_for_limit(&server, 5).await;
-    let mut ready = false;
-    for _ in 0..100 {
-        ready = serving(&server).await;
-        if ready {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "ready once rules arrived");
+    assert!(
+        wait_for_readiness(&server, true).await,
+        "ready once rules arrived"
+    );
 
     // An update that empties the rules makes the replica unready again.
     ads.push("v2", Vec::new());
     let _ack = ads.next_request().await;
-    let mut unready = false;
-    for _ in 0..100 {
-        unready = !serving(&server).await;
-        if unready {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(unready, "no domain: NOT_SERVING");
+    assert!(
+        wait_for_readiness(&server, false).await,
+        "no domain: NOT_SERVING"
+    );
     server.stop().await;
 }
 
@@ -466,15 +469,7 @@ async fn without_the_readiness_gate_an_empty_rule_set_is_ready() {
         settings.xds = Some(xds_settings(addr));
     })
     .await;
-    let mut ready = false;
-    for _ in 0..100 {
-        ready = serving(&server).await;
-        if ready {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready);
+    assert!(wait_for_readiness(&server, true).await);
     assert_eq!(limit(&server).await, None, "no domain, no limit");
     server.stop().await;
     drop(ads);

@@ -154,6 +154,7 @@ impl XdsSettings {
 /// The running subscription; stopped when dropped.
 pub struct XdsClient {
     task: JoinHandle<()>,
+    hangups: Option<JoinHandle<()>>,
     applied: watch::Receiver<bool>,
 }
 
@@ -162,7 +163,11 @@ impl XdsClient {
     pub fn start(settings: XdsSettings, limiter: Arc<Limiter>) -> XdsClient {
         let (applied_tx, applied) = watch::channel(false);
         let task = tokio::spawn(run(settings, limiter, applied_tx));
-        XdsClient { task, applied }
+        XdsClient {
+            task,
+            hangups: ignore_hangups(),
+            applied,
+        }
     }
 
     /// Becomes true once a first update has been applied, and stays true.
@@ -181,7 +186,27 @@ impl XdsClient {
 impl Drop for XdsClient {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(hangups) = &self.hangups {
+            hangups.abort();
+        }
     }
+}
+
+/// With xDS, SIGHUP has nothing to reload; catching it keeps its default action (exit) from
+/// ending a process that operators signal out of habit.
+fn ignore_hangups() -> Option<JoinHandle<()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = signal(SignalKind::hangup()).ok()?;
+        Some(tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                tracing::info!("SIGHUP ignored: the rules come from the xDS server");
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// Why a stream ended.

@@ -7,8 +7,13 @@ use std::process::Command;
 
 use prost::Message;
 
-/// The proto files that define floodgate's gRPC surface; the rest are their imports.
-const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+/// The proto files that define floodgate's gRPC surface (the RLS it serves, the ADS it
+/// subscribes to and the rule resource it receives); the rest are their imports.
+const PROTOS: &[&str] = &[
+    "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/discovery/v3/ads.proto",
+    "ratelimit/config/ratelimit/v3/rls_conf.proto",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=build.rs");
@@ -32,7 +37,7 @@ fn compile_protos() -> Result<(), Box<dyn Error>> {
         .compile_fds(descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&descriptor_bytes)?
-        .build(&[".envoy"])?;
+        .build(&[".envoy", ".google.rpc", ".ratelimit"])?;
     Ok(())
 }
 

@@ -27,6 +27,8 @@ import fnmatch
 import json
 import pathlib
 import re
+import shutil
+import subprocess
 import sys
 
 import yaml
@@ -536,6 +538,77 @@ def check_dockerfile():
         fail(".dockerignore", "must exclude target/ and .git/")
     ok(f"{where}: stages {[s['name'] or '(runtime)' for s in stages]}, --locked build, non-root runtime")
 
+# ---------------------------------------------------------------- Envoy Gateway
+
+def dockerfile_entrypoint():
+    text = (DEPLOY / "docker" / "Dockerfile").read_text()
+    found = re.findall(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.MULTILINE)
+    return json.loads(found[-1]) if found else None
+
+
+def check_envoy_gateway(work):
+    """Applies the EnvoyGateway rate-limit patch, as Envoy Gateway does, to the Deployment
+    it generates (testdata/), and checks floodgate runs there with Envoy Gateway's env and
+    TLS mounts intact. The result joins native/ for the Kubernetes schema check."""
+    where = "deploy/envoy-gateway"
+    (config_map,) = load_all(DEPLOY / "envoy-gateway" / "envoy-gateway-config.yaml")
+    gateway = yaml.safe_load(config_map["data"]["envoy-gateway.yaml"])
+    if (gateway.get("apiVersion"), gateway.get("kind")) != ("gateway.envoyproxy.io/v1alpha1", "EnvoyGateway"):
+        fail(where, "envoy-gateway.yaml must be a gateway.envoyproxy.io/v1alpha1 EnvoyGateway")
+        return
+    deployment_spec = gateway.get("provider", {}).get("kubernetes", {}).get("rateLimitDeployment", {})
+    image = deployment_spec.get("container", {}).get("image", "")
+    if not image.split("/")[-1].startswith("floodgate"):
+        fail(where, f"rateLimitDeployment.container.image {image!r} is not a floodgate image")
+    patch = deployment_spec.get("patch", {})
+    if patch.get("type") != "StrategicMerge":
+        fail(where, "rateLimitDeployment.patch must be a StrategicMerge patch")
+        return
+    if gateway.get("rateLimit", {}).get("backend", {}).get("type") != "Redis":
+        fail(where, "rateLimit.backend.type must be Redis (Envoy Gateway's only backend)")
+    (generated,) = load_all(DEPLOY / "envoy-gateway" / "testdata" / "envoy-ratelimit-deployment.yaml")
+    generated["spec"]["template"]["spec"]["containers"][0]["image"] = image  # as Envoy Gateway sets it
+    if shutil.which("kubectl") is None:
+        ok(f"{where}: kubectl missing, patch not applied (config checked only)")
+        return
+    source = work / "envoy-gateway-generated.yaml"
+    source.write_text(yaml.safe_dump(generated, sort_keys=False))
+    patched = subprocess.run(
+        ["kubectl", "patch", "--local", "-f", str(source), "--type", "strategic",
+         "-p", json.dumps(patch.get("value", {})), "-o", "yaml"],
+        capture_output=True, text=True, check=False)
+    if patched.returncode != 0:
+        fail(where, f"kubectl cannot apply the patch: {patched.stderr.strip()}")
+        return
+    result = yaml.safe_load(patched.stdout)
+    before = generated["spec"]["template"]["spec"]
+    after = result["spec"]["template"]["spec"]
+    (container,) = [c for c in after["containers"] if c["name"] == "envoy-ratelimit"]
+    if container.get("image") != image:
+        fail(where, "the patched container does not run the floodgate image")
+    entrypoint = dockerfile_entrypoint()
+    if container.get("command") != entrypoint:
+        fail(where, f"command {container.get('command')} must be the image's entrypoint {entrypoint}")
+    kept = [e["name"] for e in before["containers"][0]["env"]]
+    now = [e["name"] for e in container.get("env", [])]
+    if now[:len(kept)] != kept:
+        fail(where, "the patch must keep Envoy Gateway's environment variables")
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in after.get("volumes", [])}
+    if mounts.get("/certs") != "certs" or volumes.get("certs", {}).get("secret", {}).get("secretName") != "envoy-rate-limit":
+        fail(where, "the patch must keep the envoy-rate-limit TLS Secret mounted at /certs")
+    readiness = container.get("readinessProbe", {}).get("httpGet", {})
+    if (readiness.get("path"), readiness.get("port")) != ("/healthcheck", 8080):
+        fail(where, "readiness must stay GET /healthcheck on 8080 (floodgate's admin port)")
+    liveness = container.get("livenessProbe", {}).get("httpGet", {})
+    if (liveness.get("path"), liveness.get("port")) != ("/livez", 8080):
+        fail(where, "liveness must be GET /livez on 8080: /healthcheck drops while Redis is down")
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    if env.get("CONFIG_TYPE") != "GRPC_XDS_SOTW":
+        fail(where, "Envoy Gateway feeds the rules over xDS (CONFIG_TYPE=GRPC_XDS_SOTW)")
+    (work / "native" / "envoy-gateway-patched.yaml").write_text(yaml.safe_dump(result, sort_keys=False))
+    ok(f"{where}: patch applied; floodgate image and command, {len(kept)} env vars and /certs kept, probes")
+
 
 def check_observability():
     for path in sorted((DEPLOY / "grafana").glob("*.json")):
@@ -589,6 +662,7 @@ def main():
     copy_rules(work, "example-envoy", DEPLOY / "envoy" / "floodgate-rules.yaml", listing)
     check_dockerfile()
     check_observability()
+    check_envoy_gateway(work)
     (work / "rules.txt").write_text("".join(line + "\n" for line in listing))
     for line in failures:
         print(f"FAIL {line}")

@@ -8,8 +8,9 @@
 # 3. deploy/checks.py: CRDs (EnvoyFilter) and the Envoy bootstrap parsed as Envoy v3
 #    protos, the Deployment's probe/drain/mount contract, the Istio cluster name against
 #    the rendered Service, descriptors sent vs. rules, the Dockerfile, the Grafana
-#    dashboards (JSON) and the Prometheus alert rules (`promtool check rules` too when
-#    promtool is installed);
+#    dashboards (JSON), the Prometheus alert rules (`promtool check rules` too when
+#    promtool is installed), and the Envoy Gateway patch applied (`kubectl patch --local`)
+#    to the Deployment Envoy Gateway generates;
 # 4. validates every rendered Kubernetes object against the API schemas, strictly (unknown
 #    fields fail), for the newest Kubernetes and for the oldest one the manifests support;
 # 5. `sh -n` over the shell scripts;

@@ -93,11 +93,9 @@ async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
             }
         }
         Err(DecideError::Invalid(invalid)) => bad_request(invalid.0),
-        Err(DecideError::Unavailable(_)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "rate limit backend unavailable\n",
-        )
-            .into_response(),
+        Err(error @ (DecideError::Unavailable(_) | DecideError::NoRules)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response()
+        }
     }
 }
 

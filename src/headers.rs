@@ -133,6 +133,7 @@ mod tests {
             }),
             limit_remaining: remaining,
             reset_seconds: Some(reset),
+            metadata: None,
         }
     }
 

@@ -3,9 +3,13 @@
 //! SERVING once a config is loaded and the backend has answered; NOT_SERVING while the
 //! backend stays unreachable longer than a short grace (one failed ping must not flap
 //! every replica out of Envoy's pool), and from the moment shutdown starts, for good.
+//!
+//! With a rules gate ([`Health::require_rules`], the reference's
+//! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), also NOT_SERVING while the rules in force
+//! define no domain; the gate is re-read at every ping.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -27,8 +31,14 @@ pub struct Health {
     /// `floodgate_ready`: mirrors what was last published.
     ready_gauge: Gauge,
     ready: AtomicBool,
+    /// The backend's last verdict (after the grace), apart from the rules gate.
+    backend_ok: AtomicBool,
+    rules_gate: OnceLock<RulesGate>,
     shutting_down: AtomicBool,
 }
+
+/// Whether rules worth serving are loaded.
+type RulesGate = Box<dyn Fn() -> bool + Send + Sync>;
 
 impl Health {
     /// Starts NOT_SERVING for both service names; every change is also set on `ready_gauge`.
@@ -37,10 +47,17 @@ impl Health {
             reporter,
             ready_gauge,
             ready: AtomicBool::new(false),
+            backend_ok: AtomicBool::new(false),
+            rules_gate: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
         });
         health.publish(false).await;
         health
+    }
+
+    /// Be ready only while `has_rules` says so (set once, before serving).
+    pub fn require_rules(&self, has_rules: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.rules_gate.set(Box::new(has_rules));
     }
 
     /// Whether the service should receive traffic.
@@ -59,11 +76,20 @@ impl Health {
     /// service is ready by the time it announces its addresses when the backend answers).
     pub async fn check_once(&self, backend: &dyn Backend, timeout: Duration) {
         let ping = tokio::time::timeout(timeout, backend.ping()).await;
-        self.set_ready(matches!(ping, Ok(Ok(())))).await;
+        self.set_backend(matches!(ping, Ok(Ok(())))).await;
     }
 
-    async fn set_ready(&self, ready: bool) {
-        let ready = ready && !self.shutting_down.load(Ordering::Acquire);
+    async fn set_backend(&self, ok: bool) {
+        self.backend_ok.store(ok, Ordering::Release);
+        self.refresh().await;
+    }
+
+    /// Recomputes readiness from the backend verdict and the rules gate; publishes changes.
+    async fn refresh(&self) {
+        let rules_ok = self.rules_gate.get().is_none_or(|has_rules| has_rules());
+        let ready = self.backend_ok.load(Ordering::Acquire)
+            && rules_ok
+            && !self.shutting_down.load(Ordering::Acquire);
         if self.ready.swap(ready, Ordering::AcqRel) != ready {
             tracing::info!(ready, "readiness changed");
             self.publish(ready).await;
@@ -99,7 +125,7 @@ impl Health {
                     if failing_since.take().is_some() {
                         tracing::info!(backend = backend.name(), "backend reachable again");
                     }
-                    self.set_ready(true).await;
+                    self.set_backend(true).await;
                 }
                 Ok(Err(_)) | Err(_) => {
                     let since = *failing_since.get_or_insert_with(|| {
@@ -108,8 +134,10 @@ impl Health {
                     });
                     // Never ready before the first successful ping; after that, only
                     // once failures outlast the grace.
-                    if !self.is_ready() || since.elapsed() >= grace {
-                        self.set_ready(false).await;
+                    if !self.backend_ok.load(Ordering::Acquire) || since.elapsed() >= grace {
+                        self.set_backend(false).await;
+                    } else {
+                        self.refresh().await;
                     }
                 }
             }

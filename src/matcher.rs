@@ -360,6 +360,7 @@ mod tests {
             quota_mode: false,
             detailed_metric: false,
             value_to_metric: false,
+            metadata: None,
         })
     }
 

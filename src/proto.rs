@@ -1,4 +1,5 @@
-//! Generated protobuf and gRPC code for Envoy's RLS v3 (from `proto/`), with proto3 JSON.
+//! Generated protobuf and gRPC code for Envoy's RLS v3 and the xDS rule source (from
+//! `proto/`), with proto3 JSON.
 //!
 //! The modules mirror the protobuf packages because generated code refers to other packages
 //! by relative path. Kept in its own module so generated code gets its own lint allowances.
@@ -40,13 +41,36 @@ pub mod envoy {
                 package!("envoy.service.ratelimit.v3");
             }
         }
+        pub mod discovery {
+            pub mod v3 {
+                package!("envoy.service.discovery.v3");
+            }
+        }
+    }
+}
+
+pub mod google {
+    pub mod rpc {
+        package!("google.rpc");
+    }
+}
+
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                package!("ratelimit.config.ratelimit.v3");
+            }
+        }
     }
 }
 
 pub use envoy::config::core::v3 as core;
 pub use envoy::extensions::common::ratelimit::v3 as common;
+pub use envoy::service::discovery::v3 as discovery;
 pub use envoy::service::ratelimit::v3 as rls;
 pub use envoy::r#type::v3 as types;
+pub use ratelimit::config::ratelimit::v3 as rls_conf;
 
 /// Encoded descriptor set of every message above.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -4,6 +4,7 @@
 //! and the matcher, limiter and backends only read them.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest integer that Redis' Lua (IEEE doubles) represents exactly: 2^53.
@@ -255,7 +256,18 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Metric key includes runtime values at levels matched by wildcard or key only.
     pub value_to_metric: bool,
+    /// The descriptor's free-form `metadata`, returned in the response's dynamic metadata
+    /// while the rule is not over its limit (`--response-dynamic-metadata`).
+    pub metadata: Option<Arc<Metadata>>,
 }
+
+/// A rule's `metadata` mapping as JSON-like data (keys are strings, as in a protobuf
+/// `Struct`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Metadata(pub serde_json::Map<String, serde_json::Value>);
+
+/// JSON values hold no NaN (serde_json has no such number), so equality is total.
+impl Eq for Metadata {}
 
 impl Rule {
     /// The policy of a limited rule.

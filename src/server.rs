@@ -28,6 +28,7 @@ use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::service::RlsService;
 use crate::tls::{self, ReloadingAcceptor, TlsError, TlsFiles};
+use crate::xds::{XdsClient, XdsSettings};
 
 /// How long backend pings may fail before readiness drops: long enough that one lost ping
 /// does not pull every replica out of rotation at once.
@@ -61,6 +62,23 @@ pub struct Settings {
     pub grpc_limits: GrpcLimits,
     /// Whether the admin port answers `POST /json` (which spends real quota).
     pub admin_json: bool,
+    /// Rules from an xDS management server instead of `config_dir`.
+    pub xds: Option<XdsSettings>,
+    /// Serving and readiness before rules arrive.
+    pub startup: Startup,
+    /// Answer with dynamic metadata (`--response-dynamic-metadata`).
+    pub response_dynamic_metadata: bool,
+}
+
+/// Serving and readiness without rules, as the reference's `FORCE_START_WITHOUT_INITIAL_CONFIG`
+/// and `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` (both off by default, as there).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Startup {
+    /// xDS: bind and serve at once instead of waiting for the first rules; until they
+    /// arrive, calls are answered UNAVAILABLE (Envoy's failure mode decides).
+    pub force_start_without_initial_config: bool,
+    /// Report NOT_SERVING while the rules in force define no domain.
+    pub ready_only_with_rules: bool,
 }
 
 /// Why the server could not start or run.
@@ -96,10 +114,12 @@ pub struct Server {
     limiter: Arc<Limiter>,
     backend: Arc<dyn Backend>,
     tls: Option<Arc<ReloadingAcceptor>>,
+    xds: Option<XdsClient>,
 }
 
 impl Server {
-    /// Loads the rules, connects the backend and binds both listeners.
+    /// Loads the rules (or, with xDS, subscribes and waits for the first ones unless forced
+    /// to start without), connects the backend and binds both listeners.
     ///
     /// # Errors
     /// Invalid config, unreachable backend setup, or an address that cannot be bound.
@@ -112,12 +132,17 @@ impl Server {
             ),
             None => None,
         };
-        let dir = settings.config_dir.clone();
-        let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
-            .await
-            .map_err(|e| ServerError::Serve(e.to_string()))??;
         let metrics = Arc::new(Metrics::with_max_series(settings.max_metric_series));
-        metrics.config_load_success.inc();
+        let domains = if settings.xds.is_some() {
+            Vec::new()
+        } else {
+            let dir = settings.config_dir.clone();
+            let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
+                .await
+                .map_err(|e| ServerError::Serve(e.to_string()))??;
+            metrics.config_load_success.inc();
+            loaded.domains
+        };
         let backend = backend::connect(&settings.backend).await?;
         let evicting = Arc::clone(&backend);
         metrics.export_evictions(move || evicting.evictions());
@@ -127,11 +152,21 @@ impl Server {
             options.local_cache_entries = 0;
         }
         let limiter = Arc::new(Limiter::new(
-            Matcher::new(loaded.domains),
+            Matcher::new(domains),
             Arc::clone(&backend),
             metrics,
             options,
         ));
+        let xds = settings
+            .xds
+            .clone()
+            .map(|xds| XdsClient::start(xds, Arc::clone(&limiter)));
+        if let Some(client) = &xds
+            && !settings.startup.force_start_without_initial_config
+        {
+            tracing::info!("waiting for the first rules from the xDS server");
+            client.first_update().await;
+        }
         let grpc_listener = bind(&settings.grpc_addr).await?;
         let http_listener = bind(&settings.http_addr).await?;
         Ok(Server {
@@ -141,6 +176,7 @@ impl Server {
             limiter,
             backend,
             tls,
+            xds,
         })
     }
 
@@ -167,9 +203,17 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         // Created first: this installs the SIGHUP handler before the addresses are announced.
-        let reloader = reload::watch(self.settings.config_dir.clone(), Arc::clone(&self.limiter));
+        // With xDS the rules come from the stream, not the directory.
+        let reloader = self
+            .xds
+            .is_none()
+            .then(|| reload::watch(self.settings.config_dir.clone(), Arc::clone(&self.limiter)));
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, self.limiter.metrics().ready.clone()).await;
+        if self.settings.startup.ready_only_with_rules {
+            let limiter = Arc::clone(&self.limiter);
+            health.require_rules(move || !limiter.rules().compiled_from(&[]));
+        }
         health
             .check_once(self.backend.as_ref(), self.settings.limiter.backend_timeout)
             .await;
@@ -184,9 +228,13 @@ impl Server {
             BACKEND_FAILURE_GRACE,
             self.settings.limiter.backend_timeout,
         ));
-        let reloader = tokio::spawn(reloader);
+        let reloader = reloader.map(tokio::spawn);
 
-        let service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode);
+        let mut service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode)
+            .with_dynamic_metadata(self.settings.response_dynamic_metadata);
+        if let Some(client) = &self.xds {
+            service = service.with_rules_gate(client.applied());
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_rx_for_grpc = stop_rx.clone();
         let stopped = move || {
@@ -252,7 +300,9 @@ impl Server {
             grpc.abort();
             admin.abort();
         }
-        reloader.abort();
+        if let Some(reloader) = reloader {
+            reloader.abort();
+        }
         if let Some(tls_watch) = tls_watch {
             tls_watch.abort();
         }

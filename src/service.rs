@@ -11,9 +11,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
+use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
 use crate::limiter::request::InvalidRequest;
 use crate::limiter::{
@@ -38,6 +40,9 @@ pub enum DecideError {
     /// The backend failed and the failure mode is `error`.
     #[error("rate limit backend unavailable")]
     Unavailable(#[from] LimitError),
+    /// Started without rules (`--force-start-without-initial-config`) and none arrived yet.
+    #[error("no rate limit configuration loaded yet")]
+    NoRules,
 }
 
 impl From<DecideError> for GrpcStatus {
@@ -49,6 +54,9 @@ impl From<DecideError> for GrpcStatus {
             DecideError::Unavailable(_) => {
                 GrpcStatus::unavailable("rate limit backend unavailable")
             }
+            DecideError::NoRules => {
+                GrpcStatus::unavailable("no rate limit configuration loaded yet")
+            }
         }
     }
 }
@@ -58,6 +66,9 @@ impl From<DecideError> for GrpcStatus {
 pub struct RlsService {
     limiter: Arc<Limiter>,
     header_mode: HeaderMode,
+    dynamic_metadata: bool,
+    /// Set when serving may start before the first rules: true once they arrived.
+    rules_loaded: Option<watch::Receiver<bool>>,
 }
 
 impl RlsService {
@@ -66,7 +77,22 @@ impl RlsService {
         RlsService {
             limiter,
             header_mode,
+            dynamic_metadata: false,
+            rules_loaded: None,
         }
+    }
+
+    /// Answers UNAVAILABLE until `loaded` turns true, as the reference answers before its
+    /// first config: Envoy's `failure_mode_deny` then decides.
+    pub fn with_rules_gate(mut self, loaded: watch::Receiver<bool>) -> RlsService {
+        self.rules_loaded = Some(loaded);
+        self
+    }
+
+    /// Also answers with dynamic metadata (see [`crate::dynamic_metadata`]).
+    pub fn with_dynamic_metadata(mut self, enabled: bool) -> RlsService {
+        self.dynamic_metadata = enabled;
+        self
     }
 
     /// Validates, decides and encodes one request.
@@ -81,11 +107,22 @@ impl RlsService {
         let metrics = self.limiter.metrics();
         let started = StdInstant::now();
         let result = async {
-            let request = to_request(request).inspect_err(|_| {
+            if self
+                .rules_loaded
+                .as_ref()
+                .is_some_and(|loaded| !*loaded.borrow())
+            {
+                return Err(DecideError::NoRules);
+            }
+            let parsed = to_request(request).inspect_err(|_| {
                 metrics.invalid_requests.inc();
             })?;
-            let response = self.limiter.should_rate_limit(&request, deadline).await?;
-            Ok(to_proto_response(&response, self.header_mode))
+            let decided = self.limiter.should_rate_limit(&parsed, deadline).await?;
+            let mut response = to_proto_response(&decided, self.header_mode);
+            if self.dynamic_metadata {
+                response.dynamic_metadata = Some(dynamic_metadata::build(request, &decided));
+            }
+            Ok(response)
         }
         .await;
         Metrics::observe(&metrics.request_latency, started.elapsed());
@@ -120,7 +157,7 @@ fn decision_code(result: &Result<RateLimitResponse, DecideError>) -> &'static st
         Ok(response) if response.overall_code == ProtoCode::OverLimit as i32 => "OVER_LIMIT",
         Ok(_) => "OK",
         Err(DecideError::Invalid(_)) => "INVALID_ARGUMENT",
-        Err(DecideError::Unavailable(_)) => "UNAVAILABLE",
+        Err(DecideError::Unavailable(_) | DecideError::NoRules) => "UNAVAILABLE",
     }
 }
 
@@ -408,6 +445,7 @@ mod tests {
                 }),
                 limit_remaining: 3,
                 reset_seconds: None,
+                metadata: None,
             }],
         };
         let encoded = prost::Message::encode_to_vec(&to_proto_response(&response, HeaderMode::Off));

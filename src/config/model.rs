@@ -49,11 +49,7 @@ pub struct RawDescriptor {
     /// Over-limit only denies overall when every quota-mode status does.
     #[serde(default, deserialize_with = "yaml_bool")]
     pub quota_mode: bool,
-    /// Free-form annotations for tooling; accepted and ignored.
-    #[expect(
-        dead_code,
-        reason = "accepted for compatibility; floodgate has no use for it"
-    )]
+    /// Free-form data returned in the response's dynamic metadata while under the limit.
     pub metadata: Option<serde_yaml::Mapping>,
 }
 

@@ -166,6 +166,7 @@ impl Limited {
             current_limit: Some(self.current_limit()),
             limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
             reset_seconds: Some(request::reset_seconds(reset_ms)),
+            metadata: self.rule.metadata.clone(),
         }
     }
 
@@ -619,6 +620,7 @@ fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverrid
         quota_mode: false,
         detailed_metric: false,
         value_to_metric: false,
+        metadata: None,
     }
 }
 

@@ -3,9 +3,10 @@
 //! `service.rs` translates Envoy's protobufs to and from these; the engine never sees
 //! protocol types.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::rules::Unit;
+use crate::rules::{Metadata, Unit};
 
 /// Bounds on one request: they keep the work per request small and predictable.
 pub mod bounds {
@@ -147,6 +148,9 @@ pub struct Status {
     pub limit_remaining: u32,
     /// Whole seconds until reset, `ceil(R / 1000)`; `None` without a limit.
     pub reset_seconds: Option<u64>,
+    /// The matched rule's `metadata`, for the response's dynamic metadata; `None` when no
+    /// counted rule decided this status.
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 impl Status {
@@ -157,6 +161,7 @@ impl Status {
             current_limit: None,
             limit_remaining: 0,
             reset_seconds: None,
+            metadata: None,
         }
     }
 

@@ -23,6 +23,7 @@ fn rule(path: &str, policy: Policy) -> Rule {
         quota_mode: false,
         detailed_metric: false,
         value_to_metric: false,
+        metadata: None,
     }
 }
 

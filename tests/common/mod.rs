@@ -68,6 +68,9 @@ pub fn settings(config_dir: &Path) -> Settings {
         grpc_tls: None,
         grpc_limits: Default::default(),
         admin_json: true,
+        xds: None,
+        startup: Default::default(),
+        response_dynamic_metadata: false,
     }
 }
 

@@ -22,7 +22,10 @@ use std::path::PathBuf;
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
-use super::{BackendKind, GoDuration, LogFormat, RedisUrl, ResponseHeaders, ServeArgs};
+use super::{
+    BackendKind, ConfigSource, GoDuration, LogFormat, RedisUrl, ResponseHeaders, SecretText,
+    ServeArgs,
+};
 use crate::telemetry::LevelFilter;
 
 mod unsupported;
@@ -175,6 +178,29 @@ const REDIS_TLS_VARIABLES: [(&str, Setting); 3] = [
     ("REDIS_TLS_CLIENT_KEY", REDIS_TLS_CLIENT_KEY),
     ("REDIS_TLS_CACERT", REDIS_CA_FILE),
 ];
+const RESPONSE_DYNAMIC_METADATA: Setting =
+    setting("response_dynamic_metadata", "--response-dynamic-metadata");
+const CONFIG_SOURCE: Setting = setting("config_source", "--config-source");
+const XDS_SERVER: Setting = setting("xds_server", "--xds-server");
+const XDS_NODE_ID: Setting = setting("xds_node_id", "--xds-node-id");
+const XDS_NODE_METADATA: Setting = setting("xds_node_metadata", "--xds-node-metadata");
+const XDS_CLIENT_HEADERS: Setting = setting("xds_client_headers", "--xds-client-headers");
+const XDS_TLS: Setting = setting("xds_tls", "--xds-tls");
+const XDS_TLS_CERT: Setting = setting("xds_tls_cert", "--xds-tls-cert");
+const XDS_TLS_KEY: Setting = setting("xds_tls_key", "--xds-tls-key");
+const XDS_TLS_CA: Setting = setting("xds_tls_ca", "--xds-tls-ca");
+const XDS_TLS_SAN: Setting = setting("xds_tls_san", "--xds-tls-san");
+const XDS_BACKOFF_INITIAL: Setting = setting("xds_backoff_initial_ms", "--xds-backoff-initial-ms");
+const XDS_BACKOFF_MAX: Setting = setting("xds_backoff_max_ms", "--xds-backoff-max-ms");
+const XDS_BACKOFF_JITTER: Setting = setting("xds_backoff_jitter", "--xds-backoff-jitter");
+const FORCE_START: Setting = setting(
+    "force_start_without_initial_config",
+    "--force-start-without-initial-config",
+);
+const HEALTHY_WITH_CONFIG: Setting = setting(
+    "healthy_with_at_least_one_config_loaded",
+    "--healthy-with-at-least-one-config-loaded",
+);
 
 /// The reference's rule root when `RUNTIME_ROOT` is unset.
 const REFERENCE_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
@@ -182,6 +208,10 @@ const REFERENCE_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
 const REFERENCE_APP_DIRECTORY: &str = "config";
 /// The reference's listen host when `HOST` / `GRPC_HOST` is unset.
 const REFERENCE_HOST: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// The reference's xDS server when `CONFIG_TYPE=GRPC_XDS_SOTW` names none.
+const REFERENCE_XDS_SERVER: &str = "localhost:18000";
+/// The reference's xDS backoff spread when `XDS_CLIENT_BACKOFF_RANDOM_FACTOR` is unset.
+const REFERENCE_XDS_JITTER: f64 = 0.5;
 /// The reference's admin HTTP port when `PORT` is unset.
 const REFERENCE_HTTP_PORT: u16 = 8080;
 /// The reference's gRPC port when `GRPC_PORT` is unset.
@@ -226,6 +256,7 @@ pub fn apply(
     mapper.logging(args)?;
     mapper.limiter(args)?;
     mapper.backend(args)?;
+    mapper.xds(args)?;
     mapper.unsupported();
     Ok(mapper.report)
 }
@@ -531,6 +562,126 @@ impl Mapper<'_> {
         Ok(())
     }
 
+    /// The rule source (`CONFIG_TYPE`), the xDS client, start and readiness without rules,
+    /// and dynamic metadata.
+    fn xds(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        let xds = &mut args.xds;
+        if self.claim(CONFIG_SOURCE, &["CONFIG_TYPE"]) {
+            let source = self.parse("CONFIG_TYPE", |value| {
+                match value.to_ascii_uppercase().as_str() {
+                    "FILE" => Ok(ConfigSource::File),
+                    "GRPC_XDS_SOTW" => Ok(ConfigSource::Xds),
+                    _ => Err(format!("`{value}` is neither FILE nor GRPC_XDS_SOTW")),
+                }
+            })?;
+            xds.config_source = source.unwrap_or(xds.config_source);
+        }
+        if self.claim(XDS_SERVER, &["CONFIG_GRPC_XDS_SERVER_URL"]) {
+            xds.xds_server = self.get("CONFIG_GRPC_XDS_SERVER_URL");
+        } else if xds.config_source == ConfigSource::Xds
+            && xds.xds_server.is_none()
+            && self.is_set("CONFIG_TYPE")
+        {
+            // The reference's own default: a drop-in that relied on it keeps working.
+            xds.xds_server = Some(REFERENCE_XDS_SERVER.to_owned());
+        }
+        if self.claim(XDS_NODE_ID, &["CONFIG_GRPC_XDS_NODE_ID"]) {
+            xds.xds_node_id = self.get("CONFIG_GRPC_XDS_NODE_ID").unwrap_or_default();
+        }
+        if self.claim(XDS_NODE_METADATA, &["CONFIG_GRPC_XDS_NODE_METADATA"]) {
+            xds.xds_node_metadata = self.get("CONFIG_GRPC_XDS_NODE_METADATA");
+        }
+        let headers = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
+        if self.claim(XDS_CLIENT_HEADERS, &[headers]) {
+            xds.xds_client_headers = self.get(headers).map(SecretText::from);
+        }
+        if self.claim(XDS_TLS, &["CONFIG_GRPC_XDS_SERVER_USE_TLS"]) {
+            xds.xds_tls = self.parse("CONFIG_GRPC_XDS_SERVER_USE_TLS", parse_bool)? == Some(true);
+        }
+        for (setting, name, field) in [
+            (
+                XDS_TLS_CERT,
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+                &mut xds.xds_tls_cert,
+            ),
+            (
+                XDS_TLS_KEY,
+                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+                &mut xds.xds_tls_key,
+            ),
+            (
+                XDS_TLS_CA,
+                "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+                &mut xds.xds_tls_ca,
+            ),
+        ] {
+            if self.claim(setting, &[name]) {
+                *field = self.get(name).map(PathBuf::from);
+            }
+        }
+        if self.claim(XDS_TLS_SAN, &["CONFIG_GRPC_XDS_SERVER_TLS_SAN"]) {
+            xds.xds_tls_san = self.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN");
+        }
+        for (setting, name, field) in [
+            (
+                XDS_BACKOFF_INITIAL,
+                "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+                &mut xds.xds_backoff_initial_ms,
+            ),
+            (
+                XDS_BACKOFF_MAX,
+                "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+                &mut xds.xds_backoff_max_ms,
+            ),
+        ] {
+            if self.claim(setting, &[name]) {
+                let interval = self.parse(name, parse_go_duration)?;
+                if let Some(interval) = interval {
+                    *field = u64::try_from(interval.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(1);
+                }
+            }
+        }
+        let jitter = [
+            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+            "XDS_CLIENT_BACKOFF_JITTER",
+        ];
+        if self.claim(XDS_BACKOFF_JITTER, &jitter) {
+            let factor = self.parse(jitter[0], |value| match value.parse::<f64>() {
+                Ok(factor) if (0.0..=1.0).contains(&factor) => Ok(factor),
+                _ => Err(format!("`{value}` is not a factor between 0 and 1")),
+            })?;
+            let enabled = self.parse(jitter[1], parse_bool)?;
+            xds.xds_backoff_jitter = match enabled {
+                Some(false) => 0.0,
+                _ => factor.unwrap_or(REFERENCE_XDS_JITTER),
+            };
+        }
+        for (setting, name, field) in [
+            (
+                FORCE_START,
+                "FORCE_START_WITHOUT_INITIAL_CONFIG",
+                &mut xds.force_start_without_initial_config,
+            ),
+            (
+                HEALTHY_WITH_CONFIG,
+                "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+                &mut xds.healthy_with_at_least_one_config_loaded,
+            ),
+            (
+                RESPONSE_DYNAMIC_METADATA,
+                "RESPONSE_DYNAMIC_METADATA",
+                &mut args.response_dynamic_metadata,
+            ),
+        ] {
+            if self.claim(setting, &[name]) {
+                *field = self.parse(name, parse_bool)? == Some(true);
+            }
+        }
+        Ok(())
+    }
+
     /// The backend the reference would use: `BACKEND_TYPE` (default redis), then
     /// `REDIS_TYPE` (default single).
     fn reference_backend(&self) -> Result<BackendKind, ReferenceEnvError> {
@@ -712,6 +863,12 @@ fn parse_bool(value: &str) -> Result<bool, String> {
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
         _ => Err(format!("`{value}` is not a boolean (true/false, 1/0, t/f)")),
     }
+}
+
+/// A Go `time.Duration` as the reference reads it (`300ms`, `10s`, `1m30s`, `1.5h`, `0`):
+/// the one parser of `GoDuration`.
+fn parse_go_duration(value: &str) -> Result<std::time::Duration, String> {
+    value.parse::<GoDuration>().map(|duration| duration.0)
 }
 
 /// A logrus level name, case-insensitive; `fatal` and `panic` log errors only.

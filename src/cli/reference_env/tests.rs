@@ -78,6 +78,22 @@ fn setting_ids_name_the_serve_arguments() {
         REDIS_TLS_CLIENT_CERT,
         REDIS_TLS_CLIENT_KEY,
         REDIS_CA_FILE,
+        RESPONSE_DYNAMIC_METADATA,
+        CONFIG_SOURCE,
+        XDS_SERVER,
+        XDS_NODE_ID,
+        XDS_NODE_METADATA,
+        XDS_CLIENT_HEADERS,
+        XDS_TLS,
+        XDS_TLS_CERT,
+        XDS_TLS_KEY,
+        XDS_TLS_CA,
+        XDS_TLS_SAN,
+        XDS_BACKOFF_INITIAL,
+        XDS_BACKOFF_MAX,
+        XDS_BACKOFF_JITTER,
+        FORCE_START,
+        HEALTHY_WITH_CONFIG,
     ] {
         let arg = serve
             .get_arguments()
@@ -541,7 +557,7 @@ fn unsupported_variables_are_reported_by_name() {
         ("DEBUG_PORT", "6070"),
         ("GRPC_UDS", "/run/rl.sock"),
         ("RUNTIME_IGNOREDOTFILES", "false"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "5s"),
         ("TRACING_SERVICE_NAME", "rl"),
         ("NEAR_LIMIT_RATIO", "0.9"),
         ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
@@ -680,4 +696,113 @@ fn redis_tls_files_apply_to_a_redis_backend() {
             .overridden
             .contains(&("REDIS_TLS_CACERT", "--backend"))
     );
+}
+
+#[test]
+fn an_envoy_gateway_xds_deployment_maps_onto_floodgate_settings() {
+    let (args, report) = mapped(&[
+        // Envoy Gateway's own variables for its rate-limit Deployment, then the rest.
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,team=b"),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "authorization:Bearer s3cret",
+        ),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1.5s"),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "2m"),
+        ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.2"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ("RESPONSE_DYNAMIC_METADATA", "true"),
+    ]);
+    assert!(report.unsupported.is_empty(), "{report:?}");
+    assert_eq!(args.backend, BackendKind::Redis);
+    assert!(args.response_dynamic_metadata);
+    let xds = &args.xds;
+    assert_eq!(xds.config_source, ConfigSource::Xds);
+    assert!(xds.force_start_without_initial_config && xds.healthy_with_at_least_one_config_loaded);
+    assert_eq!(
+        (xds.xds_backoff_initial_ms, xds.xds_backoff_max_ms),
+        (1500, 120_000)
+    );
+    assert_eq!(xds.xds_backoff_jitter, 0.2);
+    assert!(!format!("{args:?}").contains("s3cret"));
+    let settings = xds.settings().unwrap().unwrap();
+    assert_eq!(settings.server, "envoy-gateway:18001");
+    assert_eq!(settings.node_id, "envoy-ratelimit");
+    assert_eq!(settings.node_metadata.len(), 2);
+    assert_eq!(
+        settings.headers,
+        [("authorization".to_owned(), "Bearer s3cret".to_owned())]
+    );
+    let tls = settings.tls.unwrap();
+    assert_eq!(tls.ca, Some(PathBuf::from("/certs/ca.crt")));
+    assert_eq!(tls.san.as_deref(), Some("envoy-gateway"));
+    assert!(tls.cert.is_some() && tls.key.is_some());
+}
+
+#[test]
+fn xds_defaults_follow_the_reference_and_flags_win() {
+    let (args, _) = mapped(&[
+        ("CONFIG_TYPE", "grpc_xds_sotw"),
+        ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+    ]);
+    let settings = args.xds.settings().unwrap().unwrap();
+    assert_eq!(settings.server, "localhost:18000");
+    assert_eq!(settings.node_id, "default");
+    assert_eq!(settings.backoff.jitter, 0.0);
+    assert!(settings.tls.is_none());
+    let (args, report) = run(
+        &["--config-source", "file", "--xds-node-id", "mine"],
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "theirs"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(args.xds.settings().unwrap(), None);
+    assert_eq!(args.xds.xds_node_id, "mine");
+    assert!(
+        report
+            .overridden
+            .contains(&("CONFIG_TYPE", "--config-source"))
+    );
+    let (args, _) = mapped(&[("CONFIG_TYPE", "FILE")]);
+    assert_eq!(args.xds.config_source, ConfigSource::File);
+    for bad in [
+        &[("CONFIG_TYPE", "GRPC_XDS_DELTA")][..],
+        &[("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "ten")],
+        &[("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2")],
+        &[("FORCE_START_WITHOUT_INITIAL_CONFIG", "maybe")],
+    ] {
+        error(bad);
+    }
+}
+
+#[test]
+fn go_durations_parse() {
+    let ms = |text: &str| parse_go_duration(text).map(|d| d.as_millis());
+    assert_eq!(ms("10s"), Ok(10_000));
+    assert_eq!(ms("1m30s"), Ok(90_000));
+    assert_eq!(ms("250ms"), Ok(250));
+    assert_eq!(ms("1.5h"), Ok(5_400_000));
+    assert_eq!(ms("0"), Ok(0));
+    for bad in ["", "10", "s", "1d", "-1s", "1.2.3s"] {
+        assert!(parse_go_duration(bad).is_err(), "{bad}");
+    }
 }

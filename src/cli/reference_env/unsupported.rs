@@ -66,7 +66,6 @@ fn when_true(value: &str) -> bool {
 
 const NO_STATSD: &str = "no StatsD; Prometheus metrics are at /metrics on the admin HTTP port";
 const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
-const FILES_ONLY: &str = "rules come from YAML files only (--config); no xDS";
 const NO_PER_SECOND_REDIS: &str = "no separate per-second Redis; every limit uses one backend";
 const LEGACY_HEADER_NAMES: &str =
     "the legacy headers are always RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset";
@@ -92,16 +91,9 @@ const UNSUPPORTED: &[Ignored] = &[
         "gRPC listens on --grpc-addr only, not a Unix socket",
     ),
     exact(
-        "CONFIG_TYPE",
-        |v| v.eq_ignore_ascii_case("FILE"),
-        FILES_ONLY,
-    ),
-    family("CONFIG_GRPC_XDS_", FILES_ONLY),
-    family("XDS_CLIENT_BACKOFF_", FILES_ONLY),
-    exact(
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        when_false,
-        "floodgate starts only with a valid rule directory",
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        |v| v == "3s",
+        "the xDS client reconnects on the XDS_CLIENT_BACKOFF_* schedule (--xds-backoff-*)",
     ),
     exact("USE_STATSD", when_false, NO_STATSD),
     exact("STATSD_HOST", |v| v == "localhost", NO_STATSD),
@@ -169,11 +161,6 @@ const UNSUPPORTED: &[Ignored] = &[
         LEGACY_HEADER_NAMES,
     ),
     exact(
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        when_false,
-        "ready once the rule directory loads, even with no domain",
-    ),
-    exact(
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         when_false,
         "Redis TLS always verifies the server name",
@@ -206,7 +193,7 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 32] = [
+    const MAPPED: [&str; 49] = [
         "GRPC_SERVER_USE_TLS",
         "GRPC_SERVER_TLS_CERT",
         "GRPC_SERVER_TLS_KEY",
@@ -217,6 +204,23 @@ mod tests {
         "REDIS_TLS_CLIENT_CERT",
         "REDIS_TLS_CLIENT_KEY",
         "REDIS_TLS_CACERT",
+        "CONFIG_TYPE",
+        "CONFIG_GRPC_XDS_SERVER_URL",
+        "CONFIG_GRPC_XDS_NODE_ID",
+        "CONFIG_GRPC_XDS_NODE_METADATA",
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "RESPONSE_DYNAMIC_METADATA",
         "HOST",
         "PORT",
         "GRPC_HOST",

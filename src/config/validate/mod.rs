@@ -19,7 +19,9 @@ use super::located::{DocPath, Located};
 use super::model::{RawDescriptor, RawDomain, RawRateLimit};
 use super::recover::Unreadable;
 use crate::matcher::{DescriptorRule, DomainRules};
-use crate::rules::{Algorithm, Limit, MAX_EXACT_INTEGER, OnOverLimit, Policy, Rule, Unit};
+use crate::rules::{
+    Algorithm, Limit, MAX_EXACT_INTEGER, Metadata, OnOverLimit, Policy, Rule, Unit,
+};
 
 /// The largest `requests_per_unit` of a `sliding_log` rule: the log holds one entry per
 /// admitted request, so its size (memory and script time per call) must stay bounded.
@@ -190,6 +192,9 @@ impl Validator<'_> {
                     quota_mode: raw.quota_mode || rate_limit.quota_mode,
                     detailed_metric: raw.detailed_metric,
                     value_to_metric: raw.value_to_metric,
+                    metadata: raw
+                        .metadata
+                        .map(|metadata| Arc::new(yaml_metadata(metadata))),
                 })
             });
         }
@@ -407,6 +412,56 @@ impl Validator<'_> {
             self.error(path, message);
         }
         (self.errors.len() == before).then_some(Limit::Limited(policy))
+    }
+}
+
+/// A descriptor's `metadata` as protobuf-`Struct`-like JSON: keys become strings (YAML 1.1
+/// allows `yes:` or `1:` keys), tags are dropped, and a number JSON cannot hold (NaN, inf)
+/// keeps its YAML spelling as a string.
+fn yaml_metadata(mapping: serde_yaml::Mapping) -> Metadata {
+    Metadata(
+        mapping
+            .into_iter()
+            .map(|(key, value)| (yaml_key(key), yaml_json(value)))
+            .collect(),
+    )
+}
+
+fn yaml_key(key: serde_yaml::Value) -> String {
+    match key {
+        serde_yaml::Value::String(text) => text,
+        serde_yaml::Value::Bool(flag) => flag.to_string(),
+        serde_yaml::Value::Number(number) => number.to_string(),
+        serde_yaml::Value::Null => "null".to_owned(),
+        serde_yaml::Value::Tagged(tagged) => yaml_key(tagged.value),
+        other => serde_yaml::to_string(&other)
+            .map(|text| text.trim_end().to_owned())
+            .unwrap_or_default(),
+    }
+}
+
+fn yaml_json(value: serde_yaml::Value) -> serde_json::Value {
+    use serde_json::Value as Json;
+    match value {
+        serde_yaml::Value::Null => Json::Null,
+        serde_yaml::Value::Bool(flag) => Json::Bool(flag),
+        serde_yaml::Value::Number(number) => number
+            .as_i64()
+            .map(Json::from)
+            .or_else(|| number.as_u64().map(Json::from))
+            .or_else(|| {
+                number
+                    .as_f64()
+                    .and_then(serde_json::Number::from_f64)
+                    .map(Json::Number)
+            })
+            .unwrap_or_else(|| Json::String(number.to_string())),
+        serde_yaml::Value::String(text) => Json::String(text),
+        serde_yaml::Value::Sequence(items) => {
+            Json::Array(items.into_iter().map(yaml_json).collect())
+        }
+        serde_yaml::Value::Mapping(mapping) => Json::Object(yaml_metadata(mapping).0),
+        serde_yaml::Value::Tagged(tagged) => yaml_json(tagged.value),
     }
 }
 

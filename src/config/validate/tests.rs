@@ -774,7 +774,7 @@ descriptors:
     shadow_mode: yes
     value_to_metric: true
     quota_mode: true
-    metadata: {owner: team-a}
+    metadata: {owner: team-a, 7: 1, nested: {list: [a, 2.5, ~]}}
     rate_limit:
       unit: second
       requests_per_unit: 10
@@ -811,6 +811,12 @@ descriptors:
     assert_eq!(rule.path, "path_/api/*");
     assert!(rule.shadow_mode && rule.value_to_metric && rule.quota_mode);
     assert_eq!(rule.replaces, ["sub"]);
+    let metadata = serde_json::Value::Object(rule.metadata.as_ref().unwrap().0.clone());
+    assert_eq!(
+        metadata,
+        serde_json::json!({"owner": "team-a", "7": 1, "nested": {"list": ["a", 2.5, null]}})
+    );
+    assert!(sub.metadata.is_none());
     let policy = rule.policy().unwrap();
     assert_eq!(policy.algorithm, Algorithm::TokenBucket);
     assert_eq!((policy.requests_per_unit, policy.burst), (10, 20));

@@ -1,0 +1,536 @@
+//! Rules over xDS against a test ADS server (tonic, built from the independent
+//! `envoy-types` protos): pushed rules answer, a change applies, an invalid update is NACKed
+//! with its error while the old rules answer, and a restarted server gets a resubscription
+//! carrying the last ACKed version. Also: start and readiness without initial rules.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::Duration;
+
+use common::{TestServer, descriptor, http, request};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use floodgate::xds::{Backoff, XdsSettings};
+use futures::{SinkExt, Stream};
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// The resource as the management server encodes it: written here from the
+/// go-control-plane field numbers, independently of floodgate's own proto.
+#[derive(Clone, PartialEq, Message)]
+struct RateLimitConfig {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "2")]
+    domain: String,
+    #[prost(message, repeated, tag = "3")]
+    descriptors: Vec<RateLimitDescriptor>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RateLimitDescriptor {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(string, tag = "2")]
+    value: String,
+    #[prost(message, optional, tag = "3")]
+    rate_limit: Option<RateLimitPolicy>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RateLimitPolicy {
+    /// 2 = MINUTE, 0 = UNKNOWN.
+    #[prost(int32, tag = "1")]
+    unit: i32,
+    #[prost(uint32, tag = "2")]
+    requests_per_unit: u32,
+}
+
+/// One resource limiting domain `xds`, key `k`, to `limit` per `unit`.
+fn rules(name: &str, unit: i32, limit: u32) -> Vec<Any> {
+    let config = RateLimitConfig {
+        name: name.into(),
+        domain: "xds".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "k".into(),
+            value: String::new(),
+            rate_limit: Some(RateLimitPolicy {
+                unit,
+                requests_per_unit: limit,
+            }),
+        }],
+    };
+    vec![Any {
+        type_url: TYPE_URL.into(),
+        value: config.encode_to_vec(),
+    }]
+}
+
+/// (version, resources) the server pushes to every stream.
+type Snapshot = Option<(String, Vec<Any>)>;
+
+/// What the test ADS server saw: each request, with the stream's `x-token` header.
+type Seen = (DiscoveryRequest, Option<String>);
+
+#[derive(Clone)]
+struct Ads {
+    snapshot: watch::Receiver<Snapshot>,
+    seen: mpsc::UnboundedSender<Seen>,
+    /// Becomes true to cut every stream (a crash, as the client sees it).
+    killed: watch::Receiver<bool>,
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+type DeltaStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = ResponseStream;
+    type DeltaAggregatedResourcesStream = DeltaStream;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let token = request
+            .metadata()
+            .get("x-token")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let mut inbound = request.into_inner();
+        let (mut out, responses) = futures::channel::mpsc::channel(16);
+        let (mut snapshot, seen, mut killed) = (
+            self.snapshot.clone(),
+            self.seen.clone(),
+            self.killed.clone(),
+        );
+        tokio::spawn(async move {
+            let mut sent: Option<String> = None;
+            let mut nonce = 0u32;
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(message)) => {
+                            let _ = seen.send((message, token.clone()));
+                        }
+                        _ => return,
+                    },
+                    changed = snapshot.changed() => if changed.is_err() { return },
+                    killed_now = async { killed.wait_for(|killed| *killed).await.is_ok() } => {
+                        if killed_now {
+                            let _ = out
+                                .send(Err(Status::unavailable("management server going away")))
+                                .await;
+                        }
+                        return;
+                    }
+                }
+                let current = snapshot.borrow_and_update().clone();
+                if let Some((version, resources)) = current
+                    && sent.as_ref() != Some(&version)
+                {
+                    nonce += 1;
+                    let response = DiscoveryResponse {
+                        version_info: version.clone(),
+                        resources,
+                        type_url: TYPE_URL.into(),
+                        nonce: format!("nonce-{version}-{nonce}"),
+                        ..Default::default()
+                    };
+                    if out.send(Ok(response)).await.is_err() {
+                        return;
+                    }
+                    sent = Some(version);
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaStream>, Status> {
+        Err(Status::unimplemented("State of the World only"))
+    }
+}
+
+/// A running test ADS server and its controls.
+struct AdsServer {
+    addr: SocketAddr,
+    snapshot: watch::Sender<Snapshot>,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    killed: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AdsServer {
+    /// Serves on `addr` (port 0 picks one) with `snapshot`, in plaintext.
+    async fn start(addr: SocketAddr, snapshot: Snapshot) -> AdsServer {
+        AdsServer::start_with_tls(addr, snapshot, None).await
+    }
+
+    /// Serves on `addr` with `snapshot`, over TLS when `tls` is given.
+    async fn start_with_tls(
+        addr: SocketAddr,
+        snapshot: Snapshot,
+        tls: Option<ServerTlsConfig>,
+    ) -> AdsServer {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("ADS binds");
+        let addr = listener.local_addr().expect("ADS address");
+        let (snapshot, snapshot_rx) = watch::channel(snapshot);
+        let (seen_tx, seen) = mpsc::unbounded_channel();
+        let (killed, killed_rx) = watch::channel(false);
+        let ads = Ads {
+            snapshot: snapshot_rx,
+            seen: seen_tx,
+            killed: killed_rx.clone(),
+        };
+        let mut stop = killed_rx;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("server TLS config");
+        }
+        let task = tokio::spawn(async move {
+            let _ = builder
+                .add_service(AggregatedDiscoveryServiceServer::new(ads))
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async move {
+                        let _ = stop.wait_for(|killed| *killed).await;
+                    },
+                )
+                .await;
+        });
+        AdsServer {
+            addr,
+            snapshot,
+            seen,
+            killed,
+            task,
+        }
+    }
+
+    fn push(&self, version: &str, resources: Vec<Any>) {
+        self.snapshot
+            .send_replace(Some((version.to_owned(), resources)));
+    }
+
+    /// The next request floodgate sends (bounded wait).
+    async fn next_request(&mut self) -> Seen {
+        tokio::time::timeout(Duration::from_secs(20), self.seen.recv())
+            .await
+            .expect("floodgate sends a discovery request in time")
+            .expect("ADS server alive")
+    }
+
+    /// Cuts every stream and stops listening, as a crashed management server would.
+    async fn crash(self) -> SocketAddr {
+        self.killed.send_replace(true);
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(5), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        self.addr
+    }
+}
+
+/// Starts floodgate with `adjust` applied; bind waits for the first xDS rules unless forced
+/// to start without, so the wait is bounded here.
+async fn start_floodgate(adjust: impl FnOnce(&mut floodgate::server::Settings)) -> TestServer {
+    tokio::time::timeout(Duration::from_secs(30), TestServer::start_with(&[], adjust))
+        .await
+        .expect("floodgate starts (its first xDS rules arrive) in time")
+}
+
+fn xds_settings(addr: SocketAddr) -> XdsSettings {
+    XdsSettings {
+        server: addr.to_string(),
+        node_id: "test-node".into(),
+        node_metadata: vec![("zone".into(), "z1".into())],
+        headers: vec![("x-token".into(), "t0ken".into())],
+        tls: None,
+        backoff: Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(200),
+            jitter: 0.5,
+        },
+    }
+}
+
+/// The limit floodgate reports for `xds` / `k`, or None.
+async fn limit(server: &TestServer) -> Option<u32> {
+    let mut client = server.client().await;
+    let response = client
+        .should_rate_limit(request("xds", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect("ShouldRateLimit succeeds")
+        .into_inner();
+    response.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|limit| limit.requests_per_unit)
+}
+
+/// Polls until floodgate reports `expected` (the swap follows the ACK closely).
+async fn wait_for_limit(server: &TestServer, expected: u32) {
+    let mut seen = None;
+    for _ in 0..200 {
+        seen = limit(server).await;
+        if seen == Some(expected) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("expected limit {expected}, still {seen:?}");
+}
+
+async fn metric(server: &TestServer, name: &str) -> String {
+    let (_, text) = http("GET", &server.http_url("/metrics"), "").await;
+    text.lines()
+        .find(|line| line.starts_with(name))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn rules_arrive_change_get_nacked_and_survive_a_server_restart() {
+    let mut ads = AdsServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), rules("first", 2, 5))),
+    )
+    .await;
+    let addr = ads.addr;
+    // Without --force-start-without-initial-config, bind returns once v1 is in force.
+    let server = start_floodgate(|settings| {
+        settings.xds = Some(xds_settings(addr));
+    })
+    .await;
+    assert_eq!(limit(&server).await, Some(5));
+
+    let (subscribe, token) = ads.next_request().await;
+    assert_eq!(token.as_deref(), Some("t0ken"));
+    assert_eq!(subscribe.type_url, TYPE_URL);
+    assert_eq!(subscribe.version_info, "");
+    assert!(subscribe.resource_names.is_empty());
+    let node = subscribe.node.expect("node");
+    assert_eq!(node.id, "test-node");
+    assert!(node.metadata.expect("metadata").fields.contains_key("zone"));
+    let (ack, _) = ads.next_request().await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("v1", "nonce-v1-1")
+    );
+    assert!(ack.error_detail.is_none());
+
+    ads.push("v2", rules("second", 2, 7));
+    let (ack, _) = ads.next_request().await;
+    assert_eq!(ack.version_info, "v2");
+    assert!(ack.error_detail.is_none());
+    wait_for_limit(&server, 7).await;
+
+    // UNKNOWN unit: invalid, as a file without `unit:` is.
+    ads.push("v3", rules("broken-resource", 0, 3));
+    let (nack, _) = ads.next_request().await;
+    assert_eq!(
+        nack.version_info, "v2",
+        "a NACK keeps the last good version"
+    );
+    assert!(nack.response_nonce.starts_with("nonce-v3"));
+    let detail = nack.error_detail.expect("a NACK carries the error").message;
+    assert!(
+        detail.contains("broken-resource") && detail.contains("unit"),
+        "{detail}"
+    );
+    assert_eq!(limit(&server).await, Some(7), "old rules still answer");
+    assert!(
+        metric(&server, "floodgate_config_load_error_total")
+            .await
+            .ends_with(" 1")
+    );
+
+    // The management server goes away: the last good rules keep answering.
+    let addr = ads.crash().await;
+    assert_eq!(limit(&server).await, Some(7));
+    let mut ads = AdsServer::start(addr, Some(("v4".into(), rules("fourth", 2, 9)))).await;
+    let (resubscribe, _) = ads.next_request().await;
+    assert_eq!(
+        resubscribe.version_info, "v2",
+        "resubscribes with the last ACK"
+    );
+    assert_eq!(resubscribe.type_url, TYPE_URL);
+    let (ack, _) = ads.next_request().await;
+    assert_eq!(ack.version_info, "v4");
+    wait_for_limit(&server, 9).await;
+    server.stop().await;
+}
+
+/// (gRPC health SERVING, `/healthcheck` 200): read one after the other, so a test waits
+/// for both to agree.
+async fn readiness(server: &TestServer) -> (bool, bool) {
+    let mut health = HealthClient::new(server.channel().await);
+    let status = health
+        .check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner()
+        .status();
+    let http_ok = http("GET", &server.http_url("/healthcheck"), "").await.0 == 200;
+    (status == ServingStatus::Serving, http_ok)
+}
+
+/// Polls until gRPC health and `/healthcheck` both say `ready` (bounded); returns whether
+/// they did.
+async fn wait_for_readiness(server: &TestServer, ready: bool) -> bool {
+    for _ in 0..100 {
+        if readiness(server).await == (ready, ready) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn forced_start_serves_at_once_and_is_ready_only_with_rules() {
+    let mut ads = AdsServer::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let addr = ads.addr;
+    let server = start_floodgate(|settings| {
+        settings.xds = Some(xds_settings(addr));
+        settings.startup.force_start_without_initial_config = true;
+        settings.startup.ready_only_with_rules = true;
+    })
+    .await;
+    // Listening before any rule: calls are UNAVAILABLE, as the reference errors.
+    let mut client = server.client().await;
+    let error = client
+        .should_rate_limit(request("xds", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect_err("no rules yet");
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    let _subscribe = ads.next_request().await;
+    // The memory backend answers at once, so only the missing rules hold readiness back.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        readiness(&server).await,
+        (false, false),
+        "not ready without rules"
+    );
+
+    ads.push("v1", rules("first", 2, 5));
+    let (ack, _) = ads.next_request().await;
+    assert_eq!(ack.version_info, "v1");
+    wait_for_limit(&server, 5).await;
+    assert!(
+        wait_for_readiness(&server, true).await,
+        "ready once rules arrived"
+    );
+
+    // An update that empties the rules makes the replica unready again.
+    ads.push("v2", Vec::new());
+    let _ack = ads.next_request().await;
+    assert!(
+        wait_for_readiness(&server, false).await,
+        "no domain: NOT_SERVING"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_the_readiness_gate_an_empty_rule_set_is_ready() {
+    let ads = AdsServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), Vec::new())),
+    )
+    .await;
+    let addr = ads.addr;
+    let server = start_floodgate(|settings| {
+        settings.xds = Some(xds_settings(addr));
+    })
+    .await;
+    assert!(wait_for_readiness(&server, true).await);
+    assert_eq!(limit(&server).await, None, "no domain, no limit");
+    server.stop().await;
+    drop(ads);
+}
+
+/// A CA, a server certificate for `xds.test` and a client certificate, all PEM.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("CA key"))
+        .expect("CA certificate");
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec![name.to_owned()])
+            .expect("params")
+            .signed_by(&key, &ca)
+            .expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    Pki {
+        ca: ca.pem(),
+        server: leaf("xds.test"),
+        client: leaf("floodgate.test"),
+    }
+}
+
+#[tokio::test]
+async fn rules_arrive_over_mutual_tls() {
+    let pki = pki();
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&pki.server.0, &pki.server.1))
+        .client_ca_root(Certificate::from_pem(&pki.ca));
+    let ads = AdsServer::start_with_tls(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), rules("first", 2, 5))),
+        Some(tls),
+    )
+    .await;
+    let files = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = files.path().join(name);
+        std::fs::write(&path, text).expect("write PEM");
+        path
+    };
+    let mut settings = xds_settings(ads.addr);
+    settings.tls = Some(floodgate::xds::XdsTls {
+        cert: Some(write("client.pem", &pki.client.0)),
+        key: Some(write("client.key", &pki.client.1)),
+        ca: Some(write("ca.pem", &pki.ca)),
+        // The server is reached by IP; its certificate names xds.test.
+        san: Some("xds.test".into()),
+    });
+    let server = start_floodgate(|s| s.xds = Some(settings)).await;
+    assert_eq!(limit(&server).await, Some(5));
+    server.stop().await;
+    drop(ads);
+}

@@ -198,7 +198,9 @@ class RedisNode:
                      "--dir", self.dir, *extra]
         if cluster:
             self.args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                          "--cluster-node-timeout", "2000"]
+                          "--cluster-node-timeout", "2000",
+                          # A failed shard must not stop the others (see README, Reliability).
+                          "--cluster-require-full-coverage", "no"]
         self.proc = None
         self.start()
 

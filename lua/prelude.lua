@@ -25,8 +25,8 @@ end
 
 -- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
 local MAX = 9007199254740992
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- CLOCK is the server's TIME, read once per script call by the loader (scripts.rs).
+local now = tonumber(CLOCK[1]) * 1000 + math.floor(tonumber(CLOCK[2]) / 1000)
 
 -- Integers go to Redis as exact decimals: tostring would round to 14 digits.
 local function int(x)

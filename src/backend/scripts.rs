@@ -12,10 +12,10 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use super::{BackendError, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
-/// One loadable script: its name, the shared head (arguments, clock, integer helpers), the
+/// An algorithm's code: its name, the shared head (arguments, clock, integer helpers), the
 /// algorithm, and the shared tail (the order of `Bucket::decide`: peek, lock, algorithm,
-/// lockout), so what all four share is written once.
-macro_rules! script {
+/// lockout), so what all four share is written once. It expects `CLOCK` in scope.
+macro_rules! algorithm {
     ($name:literal) => {
         concat!(
             "local ALGORITHM = '",
@@ -28,22 +28,32 @@ macro_rules! script {
     };
 }
 
-/// One algorithm script wrapped as entry `$index` of the batch script's ALGORITHMS table.
+/// One loadable single-bucket script (refunds, Redis Cluster charges). Every script reads
+/// the server clock once, as `CLOCK`: all the buckets a batch decides see the same instant,
+/// and a batch pays for one `TIME`.
+macro_rules! script {
+    ($name:literal) => {
+        concat!("local CLOCK = redis.call('TIME')\n", algorithm!($name))
+    };
+}
+
+/// One algorithm wrapped as entry `$index` of the batch script's ALGORITHMS table.
 macro_rules! batch_entry {
     ($index:literal, $name:literal) => {
         concat!(
             "ALGORITHMS[",
             $index,
             "] = function(KEYS, ARGV)\n",
-            script!($name),
+            algorithm!($name),
             "\nend\n",
         )
     };
 }
 
 /// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
-/// `ALGORITHMS` below.
+/// `ALGORITHMS` below, sharing one clock reading.
 const BATCH: &str = concat!(
+    "local CLOCK = redis.call('TIME')\n",
     "local ALGORITHMS = {}\n",
     batch_entry!("1", "fixed_window"),
     batch_entry!("2", "token_bucket"),

@@ -1,6 +1,6 @@
 //! Load test of `RedisBackend::charge` against a local `redis-server`, next to
-//! `redis-benchmark` running the same EVALSHA pipelined (SPEC 7: the backend should reach at
-//! least 60% of it, with p99 <= 1 ms at 16 in flight).
+//! `redis-benchmark` running the same EVALSHA pipelined (docs/operations.md#performance-targets:
+//! the backend should reach at least 60% of it, with p99 <= 1 ms at 16 in flight).
 //!
 //! ```text
 //! cargo run --release --example redis_load -- [--requests N] [--seconds S] [--keys K] [--pool P]

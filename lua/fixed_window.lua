@@ -1,5 +1,6 @@
 --[[
-floodgate: fixed window (SPEC 3), the Lua twin of src/algorithm/fixed_window.rs.
+floodgate: fixed window (docs/algorithms.md#fixed-window), the Lua twin of
+src/algorithm/fixed_window.rs.
 
 KEYS[1]  the bucket: a hash {w = window index, c = count, lk = locked-until ms (0 = none),
          r = ids of the last refunds applied (see prelude)}

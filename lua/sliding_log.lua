@@ -1,5 +1,5 @@
 --[[
-floodgate: sliding log, the exact algorithm (SPEC 3); the Lua twin of
+floodgate: sliding log, the exact algorithm (docs/algorithms.md#sliding-log); the Lua twin of
 src/algorithm/sliding_log.rs. Validation keeps L <= 10000.
 
 KEYS[1]  the bucket: a sorted set holding

@@ -1,6 +1,6 @@
 --[[
-floodgate: sliding window, the weighted two-window counter (SPEC 3); the Lua twin of
-src/algorithm/sliding_window.rs. Validation keeps L*W <= 2^53, so products stay exact.
+floodgate: sliding window, the weighted two-window counter (docs/algorithms.md#sliding-window); the
+Lua twin of src/algorithm/sliding_window.rs. Validation keeps L*W <= 2^53, so products stay exact.
 
 KEYS[1]  the bucket: a hash {w = window index, c = current count, p = previous count,
          lk = locked-until ms (0 = none),

@@ -1,5 +1,5 @@
 --[[
-floodgate: token bucket as integer GCRA (SPEC 3), the Lua twin of
+floodgate: token bucket as integer GCRA (docs/algorithms.md#token-bucket), the Lua twin of
 src/algorithm/token_bucket.rs.
 
 Scaling keeps everything integral: g = gcd(W, L), one request is U = W/g units, the level

@@ -1,4 +1,5 @@
-//! Rate-limit response headers (`--response-headers`, SPEC 4.1), built from a decision.
+//! Rate-limit response headers (`--response-headers`, docs/operations.md#response-headers), built
+//! from a decision.
 //!
 //! `ietf` follows draft-ietf-httpapi-ratelimit-headers (`RateLimit-Policy` and `RateLimit`
 //! with one item per matched limit, plus `Retry-After` when denied); `legacy` emits the

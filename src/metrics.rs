@@ -1,4 +1,5 @@
-//! Every metric floodgate exports, in one place (SPEC 5), on a Prometheus registry.
+//! Every metric floodgate exports, in one place (docs/operations.md#metrics), on a Prometheus
+//! registry.
 //!
 //! Per-rule counters keep the reference service's names
 //! (`ratelimit_service_rate_limit_<stat>{domain,key}`), where `key` is the rule path, so the

@@ -86,7 +86,7 @@ impl fmt::Display for Unit {
     }
 }
 
-/// The counting algorithm of a limited rule (SPEC 3).
+/// The counting algorithm of a limited rule (docs/algorithms.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Count per epoch-aligned window; the reference's algorithm.

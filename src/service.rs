@@ -34,7 +34,7 @@ use crate::rules::Unit;
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]
 pub enum DecideError {
-    /// The request breaks the request rules (SPEC 1.3).
+    /// The request breaks the request rules (docs/requests.md#validation).
     #[error("invalid request: {0}")]
     Invalid(#[from] InvalidRequest),
     /// The backend failed and the failure mode is `error`.
@@ -190,7 +190,7 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 /// Translates and validates a protobuf request.
 ///
 /// # Errors
-/// The first rule of SPEC 1.3 the request breaks.
+/// The first rule of docs/requests.md#validation the request breaks.
 pub fn to_request(request: &RateLimitRequest) -> Result<Request, InvalidRequest> {
     // Check the descriptor count before copying anything, so oversized requests cost nothing.
     Request::check_descriptor_count(request.descriptors.len())?;
@@ -449,7 +449,7 @@ mod tests {
             }],
         };
         let encoded = prost::Message::encode_to_vec(&to_proto_response(&response, HeaderMode::Off));
-        // Golden bytes from the wire facts (shared/envoy-rls-wire.md section 5).
+        // Golden bytes from the wire facts (docs/wire.md#golden-bytes).
         assert_eq!(
             encoded,
             [

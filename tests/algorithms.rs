@@ -1,4 +1,4 @@
-//! Property tests of the algorithms (SPEC 3): budgets hold for any request sequence,
+//! Property tests of the algorithms (docs/algorithms.md): budgets hold for any request sequence,
 //! refunds undo bookings exactly, answers stay in range, and no input panics.
 
 use std::time::Duration;

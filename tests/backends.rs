@@ -79,7 +79,8 @@ async fn run_scenarios(server: &TestServer) -> Vec<Observed> {
         observed.push(call(vec![d("fixed", "a", Some(cost))]).await);
     }
     observed.push(call(vec![d("fixed", "a", Some(0))]).await);
-    // Token bucket, L=10/s at (nearly) one instant: the SPEC vector, ten at once then denied.
+    // Token bucket, L=10/s at (nearly) one instant: the vector of docs/algorithms.md#test-vectors,
+    // ten at once then denied.
     let burst = vec![d("tokens", "a", None); 11];
     observed.push(call(burst).await);
     // Token bucket, L=60/min: n=10 OK rem 50 reset 10; n=51 OVER reset 1; n=50 OK rem 0.

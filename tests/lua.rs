@@ -1,6 +1,6 @@
 //! The Lua scripts against a real `redis-server`: their contract (one key, TTL on every
-//! write, integer replies, argument checks), the SPEC 3 vectors that real time allows, and
-//! the reload after `SCRIPT FLUSH`.
+//! write, integer replies, argument checks), the vectors of docs/algorithms.md#test-vectors that
+//! real time allows, and the reload after `SCRIPT FLUSH`.
 //!
 //! Time comes from the server's clock, so expectations are computed from the `now_ms` each
 //! reply carries; states that need time to pass are seeded into the bucket's hash instead.
@@ -284,7 +284,8 @@ fn sliding_window_seeded_vector() {
         let elapsed = |r: &Reply| r.now_ms - (r.now_ms / w) * w;
         let weight = |r: &Reply| 8 * (w - elapsed(r));
         if weight(&a) + 4 * w <= l * w {
-            // e >= 15000, as in SPEC 3 (e = 15000 gives remaining 0 and R = 45000).
+            // e >= 15000, as in docs/algorithms.md#test-vectors (e = 15000 gives remaining 0 and
+            // R = 45000).
             assert!(a.allowed, "{a:?}");
             assert_eq!(a.remaining, (l * w - weight(&a) - 4 * w) / w);
             assert_eq!(a.reset_ms, w - elapsed(&a));

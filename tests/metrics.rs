@@ -1,7 +1,7 @@
-//! Metrics (SPEC 5, issue 9 items 1, 7 and 9, issue 12 item 5): request-made series stay
-//! bounded, cost-weighted counters stay exact, `value_to_metric` keys follow the reference,
-//! reloads drop removed rules' series, memory evictions and readiness are exported, and every
-//! metric the shipped dashboards and alerts query exists in a real service's `/metrics`.
+//! Metrics (docs/operations.md#metrics, issue 9 items 1, 7 and 9, issue 12 item 5): request-made
+//! series stay bounded, cost-weighted counters stay exact, `value_to_metric` keys follow the
+//! reference, reloads drop removed rules' series, memory evictions and readiness are exported, and
+//! every metric the shipped dashboards and alerts query exists in a real service's `/metrics`.
 
 mod common;
 

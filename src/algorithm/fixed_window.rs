@@ -98,7 +98,7 @@ mod tests {
     use crate::algorithm::test_params::minute as params;
 
     use crate::algorithm::test_params::W;
-    /// 12.3 s into some minute, as in SPEC 3's vector.
+    /// 12.3 s into some minute, as in docs/algorithms.md#test-vectors.
     const START: i64 = 1_700_000_040_000 + 12_300;
 
     fn seconds(verdict: Verdict) -> u64 {

@@ -1,7 +1,7 @@
 //! The rate-limit algorithms as pure functions: (state, now, cost) -> (verdict, new state).
 //!
-//! These are the single definition of floodgate's semantics (SPEC 3). The memory backend
-//! calls them; the Lua scripts in `lua/` follow them step for step, with the same integer
+//! These are the single definition of floodgate's semantics (docs/algorithms.md). The memory
+//! backend calls them; the Lua scripts in `lua/` follow them step for step, with the same integer
 //! arithmetic, so both give identical decisions, remaining counts and resets.
 //!
 //! This module owns what all algorithms share: peeks (`cost = 0`), lockouts and the
@@ -43,7 +43,7 @@ pub struct Verdict {
     pub allowed: bool,
     /// Requests left after booking (0 when denied).
     pub remaining: u64,
-    /// `R` in ms, as SPEC 3 defines it for the algorithm and outcome.
+    /// `R` in ms, as docs/algorithms.md defines it for the algorithm and outcome.
     pub reset_ms: u64,
     /// Whether the cost was booked into the counter, so that a refund of it makes sense.
     /// Starting a lockout is not a booking: refunding a denial would take back units that
@@ -119,7 +119,8 @@ impl Bucket {
         }
     }
 
-    /// Decides one charge of `cost` at `now_ms` under `policy` (SPEC 3), updating the state.
+    /// Decides one charge of `cost` at `now_ms` under `policy` (docs/algorithms.md), updating the
+    /// state.
     ///
     /// Order: a peek changes nothing; an active lock denies with R = lock left (booking the
     /// cost only under `consume`); otherwise the algorithm decides, and a real denial starts

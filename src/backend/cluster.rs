@@ -37,7 +37,7 @@ const CLIENT_RETRIES: u32 = 3;
 /// sensible backend timeout).
 const MIN_RETRY_WAIT_MS: u64 = 10;
 
-/// Rate limits in a Redis Cluster (SPEC 4 `redis-cluster`).
+/// Rate limits in a Redis Cluster (docs/backends.md#redis-cluster).
 pub struct ClusterBackend(Arc<Cluster>);
 
 /// The cluster connection and what every call needs; shared with undo tasks that must

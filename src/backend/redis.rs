@@ -322,7 +322,7 @@ impl Borrowed {
     }
 }
 
-/// Rate limits in one Redis node (SPEC 4 `redis`).
+/// Rate limits in one Redis node (docs/backends.md#redis).
 pub struct RedisBackend {
     node: Arc<Node>,
     /// Requests waiting for the batcher (see `batch`).

@@ -1,5 +1,5 @@
-//! The command line (SPEC 1.1): `serve` (the default), `check-config DIR`, `bench` (a load
-//! generator, in [`crate::bench`]), `--version`.
+//! The command line (docs/operations.md#command-line): `serve` (the default), `check-config DIR`,
+//! `bench` (a load generator, in [`crate::bench`]), `--version`.
 //!
 //! Every `serve` flag can also come from a `FLOODGATE_*` environment variable, so the same
 //! binary is configured by flags locally and by the environment in Kubernetes. Parsing goes
@@ -167,7 +167,7 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
-/// Settings of the running service (SPEC 1.1).
+/// Settings of the running service (docs/operations.md#command-line).
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Directory of YAML domain files.
@@ -342,7 +342,7 @@ pub struct ServeArgs {
     pub xds: XdsArgs,
 }
 
-/// Where rules come from, and serving before they arrive (SPEC 6.1).
+/// Where rules come from, and serving before they arrive (docs/operations.md#security-and-config-sources).
 #[derive(Debug, Clone, Args)]
 pub struct XdsArgs {
     /// Where rules come from: `file` (the --config directory) or `xds` (--xds-server).

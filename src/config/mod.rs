@@ -17,7 +17,7 @@
 //! serde_yaml (deprecated upstream) is used nowhere else, so replacing it touches only this
 //! module.
 //!
-//! Choices where the reference format or the SPEC leaves room (see also `validate`):
+//! Choices where the reference format or docs/config.md leaves room (see also `validate`):
 //! - Scalars are read as the reference's YAML 1.1 parser reads them: `value: 1.10` is the
 //!   text `1.10`, and `yes`/`no`/`on`/`off` are booleans.
 //! - An empty `value` is no value (the key-only node), and an absent `requests_per_unit`

@@ -3,7 +3,7 @@
 //! One call resolves every descriptor to a rule (or none) in a `Slot`, drops replaced
 //! limits, answers what needs no backend (unmatched, unlimited, `L = 0`, local over-limit
 //! cache), hands the rest to the backend as one all-or-nothing `Group`, then applies shadow
-//! and quota semantics (SPEC 1.3). A request that is over limit overall books nothing under
+//! and quota semantics (docs/requests.md). A request that is over limit overall books nothing under
 //! `on_over_limit: reject`: the backend undoes those bookings, atomically where it can.
 
 mod local_cache;
@@ -25,7 +25,7 @@ use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 
-/// What to answer when the backend fails (SPEC 1.3).
+/// What to answer when the backend fails (docs/requests.md#backend-failure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FailureMode {
     /// Return an error (gRPC `UNAVAILABLE`), so Envoy's `failure_mode_deny` decides.

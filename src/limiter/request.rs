@@ -72,8 +72,8 @@ impl Request {
         Ok(())
     }
 
-    /// Checks the request rules of SPEC 1.3: non-empty domain, 1..=64 descriptors, each
-    /// with 1..=32 entries, non-empty keys, keys and values at most 4 KiB.
+    /// Checks the request rules of docs/requests.md#validation: non-empty domain, 1..=64
+    /// descriptors, each with 1..=32 entries, non-empty keys, keys and values at most 4 KiB.
     ///
     /// # Errors
     /// A message naming the first offending field.
@@ -183,7 +183,7 @@ pub struct Response {
     pub statuses: Vec<Status>,
 }
 
-/// `ceil(ms / 1000)`: SPEC 3's `duration_until_reset`.
+/// `ceil(ms / 1000)`: `duration_until_reset` (docs/algorithms.md#time-and-resets).
 pub fn reset_seconds(reset_ms: u64) -> u64 {
     reset_ms.div_ceil(1000)
 }

@@ -160,6 +160,24 @@ pub(crate) enum Via {
     Source,
 }
 
+impl Via {
+    /// `EVALSHA <sha of script>` or `EVAL <source>`, ready for the keys and arguments.
+    fn command(self, script: &redis::Script, source: &str) -> Cmd {
+        match self {
+            Via::Sha => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(script.get_hash());
+                cmd
+            }
+            Via::Source => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(source);
+                cmd
+            }
+        }
+    }
+}
+
 /// One script call: which script, on which key, with which ARGV.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
@@ -198,18 +216,8 @@ impl Call {
 
     /// The command: `EVALSHA sha 1 key argv...` or `EVAL source 1 key argv...`.
     pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
-        let mut cmd = match via {
-            Via::Sha => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(scripts.get(self.policy.algorithm).get_hash());
-                cmd
-            }
-            Via::Source => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(source(self.policy.algorithm));
-                cmd
-            }
-        };
+        let algorithm = self.policy.algorithm;
+        let mut cmd = via.command(scripts.get(algorithm), source(algorithm));
         // Numbers are written straight into the command buffer: no string per argument.
         let policy = &self.policy;
         let consume = policy.on_over_limit == OnOverLimit::Consume;
@@ -274,18 +282,7 @@ impl BatchCall {
     /// G argv...` (or `EVAL` with the source). Arguments are written straight into the
     /// command buffer, so joining requests copies nothing else.
     pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
-        let mut cmd = match via {
-            Via::Sha => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(scripts.batch().get_hash());
-                cmd
-            }
-            Via::Source => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(BATCH);
-                cmd
-            }
-        };
+        let mut cmd = via.command(scripts.batch(), BATCH);
         cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
         for call in calls {
             cmd.arg(&call.keys);
@@ -469,15 +466,7 @@ mod tests {
             },
             "fg",
         );
-        let packed = call
-            .command(&ScriptSet::new(), Via::Sha)
-            .get_packed_command();
-        let words: Vec<String> = String::from_utf8(packed)
-            .unwrap()
-            .split("\r\n")
-            .filter(|w| !w.is_empty() && !w.starts_with(['*', '$']))
-            .map(String::from)
-            .collect();
+        let words = words(&call.command(&ScriptSet::new(), Via::Sha));
         let sha = ScriptSet::new()
             .get(Algorithm::TokenBucket)
             .get_hash()
@@ -491,6 +480,16 @@ mod tests {
             .command(&ScriptSet::new(), Via::Source)
             .get_packed_command();
         assert!(String::from_utf8_lossy(&eval).contains("token_bucket.rs"));
+    }
+
+    /// The words of a command as it goes on the wire.
+    fn words(cmd: &Cmd) -> Vec<String> {
+        String::from_utf8(cmd.get_packed_command())
+            .unwrap()
+            .split("\r\n")
+            .filter(|w| !w.is_empty() && !w.starts_with(['*', '$']))
+            .map(String::from)
+            .collect()
     }
 
     #[test]
@@ -515,13 +514,7 @@ mod tests {
         let mut second = BatchCall::default();
         second.push(&Group::independent(&[charge("c", 1)]), "fg");
         let set = ScriptSet::new();
-        let packed = BatchCall::command(&[&first, &second], &set, Via::Sha).get_packed_command();
-        let words: Vec<String> = String::from_utf8(packed)
-            .unwrap()
-            .split("\r\n")
-            .filter(|w| !w.is_empty() && !w.starts_with(['*', '$']))
-            .map(String::from)
-            .collect();
+        let words = words(&BatchCall::command(&[&first, &second], &set, Via::Sha));
         let key = |value| charge(value, 0).bucket.redis_key("fg");
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let sha = set.batch().get_hash().to_owned();

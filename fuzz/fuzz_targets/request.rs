@@ -122,5 +122,7 @@ async fn decide(
         }
         Err(DecideError::Invalid(_)) => None,
         Err(DecideError::Unavailable(error)) => panic!("memory backend failed: {error}"),
+        // Only an xDS-fed service waits for rules; this one loads them up front.
+        Err(DecideError::NoRules) => panic!("rules loaded at start are missing"),
     }
 }

@@ -1,0 +1,170 @@
+//! The flags of the xDS rule source and of serving before rules arrive
+//! (docs/operations.md#security-and-config-sources), and the secret-holding flag type.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use super::{
+    DEFAULT_XDS_BACKOFF_INITIAL_MS, DEFAULT_XDS_BACKOFF_JITTER, DEFAULT_XDS_BACKOFF_MAX_MS,
+    DEFAULT_XDS_NODE_ID,
+};
+use crate::server::Startup;
+use crate::xds::{self, Backoff, XdsSettings, XdsTls};
+
+/// Where rules come from, and serving before they arrive.
+#[derive(Debug, Clone, Args)]
+pub struct XdsArgs {
+    /// Where rules come from: `file` (the --config directory) or `xds` (--xds-server).
+    #[arg(long, env = "FLOODGATE_CONFIG_SOURCE", value_enum, default_value_t = ConfigSource::File)]
+    pub config_source: ConfigSource,
+    /// xDS management server (ADS, State of the World): `host:port` or an `http(s)://` URL.
+    #[arg(long, env = "FLOODGATE_XDS_SERVER", value_name = "URL")]
+    pub xds_server: Option<String>,
+    /// Node id the management server picks the rules by.
+    #[arg(long, env = "FLOODGATE_XDS_NODE_ID", value_name = "ID", default_value = DEFAULT_XDS_NODE_ID)]
+    pub xds_node_id: String,
+    /// Node metadata, `key=value,key2=value2` (string values), as the reference reads it.
+    #[arg(long, env = "FLOODGATE_XDS_NODE_METADATA", value_name = "K=V,...")]
+    pub xds_node_metadata: Option<String>,
+    /// gRPC metadata sent with the stream, `name:value,name2:value2` (the reference's
+    /// format), e.g. an authorization token.
+    #[arg(
+        long,
+        env = "FLOODGATE_XDS_CLIENT_HEADERS",
+        value_name = "NAME:VALUE,...",
+        hide_env_values = true
+    )]
+    pub xds_client_headers: Option<SecretText>,
+    /// Connect to the management server over TLS.
+    #[arg(long, env = "FLOODGATE_XDS_TLS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub xds_tls: bool,
+    /// PEM client certificate for mutual TLS (with --xds-tls-key).
+    #[arg(long, env = "FLOODGATE_XDS_TLS_CERT", value_name = "FILE")]
+    pub xds_tls_cert: Option<PathBuf>,
+    /// PEM private key of --xds-tls-cert.
+    #[arg(long, env = "FLOODGATE_XDS_TLS_KEY", value_name = "FILE")]
+    pub xds_tls_key: Option<PathBuf>,
+    /// PEM CA bundle that signs the management server (default: the public web roots).
+    #[arg(long, env = "FLOODGATE_XDS_TLS_CA", value_name = "FILE")]
+    pub xds_tls_ca: Option<PathBuf>,
+    /// Name to verify in the server certificate instead of the URL's host.
+    #[arg(long, env = "FLOODGATE_XDS_TLS_SAN", value_name = "NAME")]
+    pub xds_tls_san: Option<String>,
+    /// First reconnect delay, in milliseconds; doubles up to --xds-backoff-max-ms.
+    #[arg(
+        long,
+        env = "FLOODGATE_XDS_BACKOFF_INITIAL_MS",
+        value_name = "MS",
+        default_value_t = DEFAULT_XDS_BACKOFF_INITIAL_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub xds_backoff_initial_ms: u64,
+    /// Longest reconnect delay, in milliseconds.
+    #[arg(long, env = "FLOODGATE_XDS_BACKOFF_MAX_MS", value_name = "MS", default_value_t = DEFAULT_XDS_BACKOFF_MAX_MS)]
+    pub xds_backoff_max_ms: u64,
+    /// Spread of each reconnect delay, 0 (none) to 1.
+    #[arg(long, env = "FLOODGATE_XDS_BACKOFF_JITTER", value_name = "FACTOR", default_value_t = DEFAULT_XDS_BACKOFF_JITTER)]
+    pub xds_backoff_jitter: f64,
+    /// With xDS, serve as soon as the listeners are up instead of waiting for the first
+    /// rules; calls are answered UNAVAILABLE until they arrive.
+    #[arg(long, env = "FLOODGATE_FORCE_START_WITHOUT_INITIAL_CONFIG", value_parser = clap::builder::BoolishValueParser::new())]
+    pub force_start_without_initial_config: bool,
+    /// Report NOT_SERVING (gRPC health and /healthcheck) while the rules define no domain.
+    #[arg(long, env = "FLOODGATE_HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_parser = clap::builder::BoolishValueParser::new())]
+    pub healthy_with_at_least_one_config_loaded: bool,
+}
+
+impl XdsArgs {
+    /// The xDS settings, or `None` for file rules.
+    ///
+    /// # Errors
+    /// xDS without a server, or a setting [`XdsSettings::check`] rejects.
+    pub fn settings(&self) -> Result<Option<XdsSettings>, String> {
+        if self.config_source == ConfigSource::File {
+            return Ok(None);
+        }
+        let server = self
+            .xds_server
+            .clone()
+            .filter(|server| !server.is_empty())
+            .ok_or("--config-source xds needs --xds-server")?;
+        let tls = self.xds_tls.then(|| XdsTls {
+            cert: self.xds_tls_cert.clone(),
+            key: self.xds_tls_key.clone(),
+            ca: self.xds_tls_ca.clone(),
+            san: self.xds_tls_san.clone().filter(|san| !san.is_empty()),
+        });
+        let settings = XdsSettings {
+            server,
+            node_id: self.xds_node_id.clone(),
+            node_metadata: xds::parse_node_metadata(
+                self.xds_node_metadata.as_deref().unwrap_or(""),
+            ),
+            headers: self
+                .xds_client_headers
+                .as_ref()
+                .map(|headers| xds::parse_headers(headers.as_str()))
+                .unwrap_or_default(),
+            tls,
+            backoff: Backoff {
+                initial: Duration::from_millis(self.xds_backoff_initial_ms),
+                max: Duration::from_millis(self.xds_backoff_max_ms),
+                jitter: self.xds_backoff_jitter,
+            },
+        };
+        settings.check()?;
+        Ok(Some(settings))
+    }
+
+    /// Serving and readiness before rules arrive.
+    pub fn startup(&self) -> Startup {
+        Startup {
+            force_start_without_initial_config: self.force_start_without_initial_config,
+            ready_only_with_rules: self.healthy_with_at_least_one_config_loaded,
+        }
+    }
+}
+
+/// Where rules come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConfigSource {
+    /// YAML files in --config, reloaded on change.
+    File,
+    /// An xDS management server (--xds-server).
+    Xds,
+}
+
+/// A flag value that may hold credentials: never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretText(String);
+
+impl SecretText {
+    /// The text, for the one place that uses it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for SecretText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(text: &str) -> Result<SecretText, Self::Err> {
+        Ok(SecretText(text.to_owned()))
+    }
+}
+
+impl From<String> for SecretText {
+    fn from(text: String) -> SecretText {
+        SecretText(text)
+    }
+}
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretText(***)")
+    }
+}

@@ -38,8 +38,6 @@ pub const DEFAULT_POOL_SIZE: u32 = 2;
 /// How long a connection may deliver no reply at all, while its calls time out, before it
 /// is retired as stalled (a slow command alone never retires it).
 const STALLED_AFTER: Duration = Duration::from_secs(2);
-/// Default bound on one backend call, the `--backend-timeout-ms` default.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default key prefix, the `--key-prefix` default.
 pub const DEFAULT_KEY_PREFIX: &str = "fg";
 
@@ -93,7 +91,7 @@ impl Default for RedisOptions {
     fn default() -> Self {
         RedisOptions {
             pool_size: DEFAULT_POOL_SIZE,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: crate::limiter::DEFAULT_BACKEND_TIMEOUT,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             tls_ca_pem: None,
             tls_client: None,

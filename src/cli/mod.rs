@@ -54,7 +54,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const DEFAULT_REDIS_POOL_SIZE: u32 = crate::backend::redis::DEFAULT_POOL_SIZE;
 /// Default bound on one backend call, in ms; Envoy's own default timeout is 20 ms higher up.
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 =
-    crate::backend::redis::DEFAULT_TIMEOUT.as_millis() as u64;
+    crate::limiter::DEFAULT_BACKEND_TIMEOUT.as_millis() as u64;
 /// Default size of the local over-limit cache.
 pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
 /// Default trust period of a local over-limit cache entry, in ms.

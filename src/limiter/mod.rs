@@ -63,13 +63,16 @@ pub struct LimiterOptions {
     pub local_cache_max_age: Duration,
 }
 
+/// Default bound on a request's backend work, the `--backend-timeout-ms` default (Envoy's
+/// own default timeout for the whole call is 20 ms higher up, so this only bounds stragglers).
+pub const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default `LimiterOptions::local_cache_max_age`.
 pub const DEFAULT_LOCAL_CACHE_MAX_AGE: Duration = Duration::from_secs(3);
 
 impl Default for LimiterOptions {
     fn default() -> Self {
         LimiterOptions {
-            backend_timeout: crate::backend::redis::DEFAULT_TIMEOUT,
+            backend_timeout: DEFAULT_BACKEND_TIMEOUT,
             failure_mode: FailureMode::Error,
             shadow_mode: false,
             local_cache_entries: 0,

@@ -374,15 +374,14 @@ impl Limiter {
                 prior.add(limited.weight(), outcome.allowed);
             }
         }
-        let pending: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].pending_item().is_some())
-            .collect();
+        let (pending, items): (Vec<usize>, Vec<Item>) = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| Some((i, slot.pending_item()?)))
+            .unzip();
         if !pending.is_empty() {
             let group = Group {
-                items: pending
-                    .iter()
-                    .filter_map(|&i| slots[i].pending_item())
-                    .collect(),
+                items,
                 prior,
                 admit: self.options.shadow_mode,
                 keep_on_failure: self.options.failure_mode == FailureMode::Allow,
@@ -490,15 +489,15 @@ impl Limiter {
             Err(error) => self.metrics.backend_error(error.kind()),
             Ok(outcomes) => {
                 // A rejected request whose booking could not be undone keeps it.
-                let unrefunded = group
-                    .items
-                    .iter()
-                    .zip(outcomes)
-                    .filter(|(item, outcome)| {
-                        group.rejects(outcomes) && undoable(item, outcome) && !outcome.rolled_back
-                    })
-                    .count();
-                self.metrics.refund_errors.inc_by(unrefunded as u64);
+                if group.rejects(outcomes) {
+                    let unrefunded = group
+                        .items
+                        .iter()
+                        .zip(outcomes)
+                        .filter(|(item, outcome)| undoable(item, outcome) && !outcome.rolled_back)
+                        .count();
+                    self.metrics.refund_errors.inc_by(unrefunded as u64);
+                }
             }
         }
         result

@@ -246,11 +246,7 @@ async fn key_errors_name_the_file_never_its_contents() {
         .arg(&key)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = all_output(&output);
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(text.contains(&key.display().to_string()), "{text}");
     assert!(!text.contains(MARKER), "{text}");
@@ -267,11 +263,7 @@ async fn key_errors_name_the_file_never_its_contents() {
         .arg(&key)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = all_output(&output);
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(text.contains("--redis-tls-client-key"), "{text}");
     assert!(!text.contains(MARKER), "{text}");
@@ -364,4 +356,13 @@ async fn redis_over_tls_with_a_client_certificate() {
         Ok(backend) => backend.ping().await.is_err(),
     };
     assert!(refused, "redis accepted a client without a certificate");
+}
+
+/// A finished process's stdout and stderr, as one text.
+fn all_output(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }

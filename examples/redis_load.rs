@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::backend::scripts::ScriptSet;
+use floodgate::backend::redis::scripts::ScriptSet;
 use floodgate::backend::{Backend, BucketKey, Charge, RedisBackend, RedisOptions};
 use floodgate::rules::{Algorithm, Policy, Unit};
 use tokio::time::Instant;

@@ -1,7 +1,7 @@
 --[[
 floodgate: many requests' charges in one script call, each request all-or-nothing.
 
-Loaded by src/backend/scripts.rs after a table ALGORITHMS whose entries 1..4 (fixed_window,
+Loaded by src/backend/redis/scripts.rs after a table ALGORITHMS whose entries 1..4 (fixed_window,
 token_bucket, sliding_window, sliding_log, the order of `Algorithm::ALL`) are the algorithm
 scripts, each wrapped as a function(KEYS, ARGV) that returns that script's reply.
 

@@ -1,6 +1,6 @@
 --[[
 floodgate: the shared tail of every algorithm script, appended to each when it is loaded
-(src/backend/scripts.rs). It is the order of Bucket::decide in src/algorithm/mod.rs:
+(src/backend/redis/scripts.rs). It is the order of Bucket::decide in src/algorithm/mod.rs:
 a peek changes nothing; an active lock denies (booking the cost only under consume); then
 the algorithm decides, and a real denial starts the lockout.
 

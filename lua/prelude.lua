@@ -1,6 +1,6 @@
 --[[
 floodgate: the shared head of every algorithm script, prepended to each when it is loaded
-(src/backend/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads the
+(src/backend/redis/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads the
 arguments every script takes (see each script's header for ARGV), the clock, and defines the
 integer helpers.
 ]]

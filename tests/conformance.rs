@@ -203,7 +203,7 @@ async fn redis_decides_exactly_as_the_algorithms() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let scripts = floodgate::backend::scripts::ScriptSet::new();
+    let scripts = floodgate::backend::redis::scripts::ScriptSet::new();
     let raw: RawRefund = Box::new(|refund: &Refund| {
         let mut call = scripts.get(refund.policy.algorithm).prepare_invoke();
         call.key(refund.bucket.redis_key("fg"));
@@ -220,7 +220,7 @@ async fn redis_cluster_decides_exactly_as_the_algorithms() {
     let backend = cluster.backend().await;
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     let mut conn = client.get_connection().unwrap();
-    let scripts = floodgate::backend::scripts::ScriptSet::new();
+    let scripts = floodgate::backend::redis::scripts::ScriptSet::new();
     let raw: RawRefund = Box::new(|refund: &Refund| {
         let mut call = scripts.get(refund.policy.algorithm).prepare_invoke();
         call.key(refund.bucket.redis_key("fg"));

@@ -8,7 +8,7 @@
 mod common;
 
 use common::redis::{RedisCluster, RedisServer};
-use floodgate::backend::scripts::{ScriptSet, source};
+use floodgate::backend::redis::scripts::{ScriptSet, source};
 use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions, Refund};
 use floodgate::rules::{Algorithm, Policy, Unit};
 use redis::{Commands, Connection};

@@ -4,20 +4,17 @@
 //! calls them directly, the Redis backends run Lua scripts that follow them line for line.
 //! A backend never sees protocol types; the limiter hands it resolved charges.
 
-pub mod cluster;
 pub mod deferred;
 pub mod keys;
 pub mod memory;
 pub mod redis;
-pub mod scripts;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use cluster::ClusterBackend;
 pub use keys::BucketKey;
-pub use redis::{RedisBackend, RedisOptions};
+pub use redis::{ClusterBackend, RedisBackend, RedisOptions};
 
 use crate::rules::Policy;
 

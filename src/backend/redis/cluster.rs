@@ -26,9 +26,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use tokio::time::{Instant, timeout_at};
 
-use super::redis::{RedisOptions, Secrets, config_error};
 use super::scripts::{self, Call, ScriptSet, Via};
-use super::{Backend, BackendError, Group, Outcome, Refund, undoable};
+use super::{RedisOptions, Secrets, config_error};
+use crate::backend::{Backend, BackendError, Group, Outcome, Refund, undoable};
 
 /// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
 /// timeout bounds them all the same.

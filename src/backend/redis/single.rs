@@ -1,9 +1,9 @@
 //! One Redis node through a bb8 pool of multiplexed connections.
 //!
-//! The charges of one request go out as one pipeline: one round trip whatever the number of
-//! descriptors. A pooled connection is cloned and handed back at once instead of being held
-//! for the call, so any number of requests share the pool's few sockets concurrently and the
-//! pool size is simply the number of sockets to Redis.
+//! Requests bound for the node queue for a batcher (`super::batch`) that sends each batch as
+//! one script call on a pooled connection. A pooled connection is cloned and handed back at
+//! once instead of being held for the call, so any number of calls share the pool's few
+//! sockets concurrently and the pool size is simply the number of sockets to Redis.
 //!
 //! Every call is bounded by `RedisOptions::timeout`. bb8-redis's own connection manager never
 //! reports a connection as broken (only a PING per checkout would notice, doubling the round
@@ -21,171 +21,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, IntoConnectionInfo, RedisError, Value};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::scripts::{self, BatchCall, Call, ScriptSet, Via};
-use super::{Backend, BackendError, Group, Outcome, Refund};
+use super::{RedisOptions, Secrets};
+use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use batch::Job;
 
 mod batch;
 
-/// Default number of connections (sockets) to one Redis node. Calls share sockets, and fewer
-/// sockets batch more commands per write: on 2 cores 2 sockets gave ~92% of
-/// `redis-benchmark -P 16` at 16 in flight, 16 sockets ~69% (`examples/redis_load.rs`).
-pub const DEFAULT_POOL_SIZE: u32 = 2;
 /// How long a connection may deliver no reply at all, while its calls time out, before it
 /// is retired as stalled (a slow command alone never retires it).
 const STALLED_AFTER: Duration = Duration::from_secs(2);
-/// Default key prefix, the `--key-prefix` default.
-pub const DEFAULT_KEY_PREFIX: &str = "fg";
-
-/// Settings shared by the Redis and Redis Cluster backends.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisOptions {
-    /// Connections to the node (single node only; the cluster client keeps one multiplexed
-    /// connection per node). Calls share connections, so a few sockets carry any load; fewer
-    /// sockets batch more commands per write.
-    pub pool_size: u32,
-    /// Bound on every call, connecting included.
-    pub timeout: Duration,
-    /// Prepended to every bucket key: `<prefix>:{<hash>}`.
-    pub key_prefix: String,
-    /// PEM certificates to trust for `rediss://` instead of the web PKI roots, for servers
-    /// with a private CA. Ignored for plain `redis://`.
-    pub tls_ca_pem: Option<Vec<u8>>,
-    /// Client certificate and key for `rediss://` servers that require one
-    /// (`tls-auth-clients yes`). Ignored for plain `redis://`.
-    pub tls_client: Option<ClientIdentity>,
-}
-
-/// A PEM client certificate and its private key. `Debug` shows neither.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClientIdentity {
-    /// PEM certificate chain, leaf first.
-    pub cert: Vec<u8>,
-    /// PEM private key.
-    pub key: Vec<u8>,
-}
-
-impl fmt::Debug for ClientIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ClientIdentity(<redacted>)")
-    }
-}
-
-impl fmt::Debug for RedisOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisOptions")
-            .field("pool_size", &self.pool_size)
-            .field("timeout", &self.timeout)
-            .field("key_prefix", &self.key_prefix)
-            .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|pem| pem.len()))
-            .field("tls_client", &self.tls_client)
-            .finish()
-    }
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        RedisOptions {
-            pool_size: DEFAULT_POOL_SIZE,
-            timeout: crate::limiter::DEFAULT_BACKEND_TIMEOUT,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            tls_ca_pem: None,
-            tls_client: None,
-        }
-    }
-}
-
-impl RedisOptions {
-    /// Rejects settings that cannot work.
-    ///
-    /// A brace in the prefix would become the Redis Cluster hash tag of every key, putting
-    /// all buckets in one slot.
-    pub(crate) fn validate(&self) -> Result<(), BackendError> {
-        if self.pool_size == 0 {
-            return Err(config_error("pool size must be at least 1"));
-        }
-        if self.timeout.is_zero() {
-            return Err(config_error("timeout must be positive"));
-        }
-        if self.key_prefix.contains(['{', '}']) {
-            return Err(config_error("key prefix must not contain '{' or '}'"));
-        }
-        Ok(())
-    }
-
-    /// The trust roots and client certificate for `url`, when either is configured and the
-    /// URL uses TLS; None keeps redis' defaults (the web PKI roots, no client certificate).
-    pub(crate) fn tls_for(&self, url: &str) -> Option<redis::TlsCertificates> {
-        if !url.starts_with("rediss://") || (self.tls_ca_pem.is_none() && self.tls_client.is_none())
-        {
-            return None;
-        }
-        Some(redis::TlsCertificates {
-            client_tls: self
-                .tls_client
-                .as_ref()
-                .map(|identity| redis::ClientTlsConfig {
-                    client_cert: identity.cert.clone(),
-                    client_key: identity.key.clone(),
-                }),
-            root_cert: self.tls_ca_pem.clone(),
-        })
-    }
-}
-
-pub(crate) fn config_error(what: &str) -> BackendError {
-    BackendError::Config(what.to_owned())
-}
-
-/// Strings that must never reach an error message or a log line: passwords and the URLs
-/// that carry them.
-#[derive(Clone, Default)]
-pub(crate) struct Secrets(Vec<String>);
-
-impl fmt::Debug for Secrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secrets({} masked)", self.0.len())
-    }
-}
-
-impl Secrets {
-    /// Collects the password of every URL, and the URLs themselves.
-    pub(crate) fn of(urls: &[&str]) -> Secrets {
-        let mut secrets = Vec::new();
-        for url in urls {
-            if let Ok(info) = url.into_connection_info()
-                && let Some(password) = info.redis_settings().password()
-                && !password.is_empty()
-            {
-                secrets.push(password.to_owned());
-            }
-            secrets.push((*url).to_owned());
-        }
-        // Longest first, so a URL is masked whole before the password inside it.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.retain(|s| !s.is_empty());
-        Secrets(secrets)
-    }
-
-    /// `error` with every secret masked.
-    pub(crate) fn scrub(&self, error: BackendError) -> BackendError {
-        let clean = |text: String| {
-            self.0
-                .iter()
-                .fold(text, |text, secret| text.replace(secret.as_str(), "***"))
-        };
-        match error {
-            BackendError::Unavailable(text) => BackendError::Unavailable(clean(text)),
-            BackendError::Failed(text) => BackendError::Failed(clean(text)),
-            BackendError::Config(text) => BackendError::Config(clean(text)),
-            other => other,
-        }
-    }
-}
 
 /// A pooled connection and how it has been doing.
 struct Link {
@@ -568,41 +417,7 @@ impl Backend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn options_reject_braces_and_zeroes() {
-        assert!(RedisOptions::default().validate().is_ok());
-        let bad = [
-            RedisOptions {
-                key_prefix: "a{b}".into(),
-                ..Default::default()
-            },
-            RedisOptions {
-                pool_size: 0,
-                ..Default::default()
-            },
-            RedisOptions {
-                timeout: Duration::ZERO,
-                ..Default::default()
-            },
-        ];
-        for options in bad {
-            assert!(options.validate().is_err(), "{options:?}");
-        }
-    }
-
-    #[test]
-    fn secrets_are_masked_in_errors() {
-        let url = "redis://user:s%40cret@127.0.0.1:1/0";
-        let secrets = Secrets::of(&[url]);
-        let masked = secrets.scrub(BackendError::Unavailable(format!("{url} and s@cret")));
-        let text = masked.to_string();
-        assert!(
-            !text.contains("s@cret") && !text.contains("s%40cret"),
-            "{text}"
-        );
-        assert!(text.contains("***"));
-    }
+    use crate::backend::redis::RedisOptions;
 
     #[tokio::test]
     async fn invalid_url_is_reported_without_the_url() {

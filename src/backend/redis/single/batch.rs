@@ -11,7 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::Node;
-use crate::backend::scripts::{self, BatchCall, Via};
+use crate::backend::redis::scripts::{self, BatchCall, Via};
 use crate::backend::{BackendError, Outcome};
 
 /// Script calls in flight at once on the node's connections; more requests wait and share

@@ -9,7 +9,7 @@
 
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::{BackendError, Charge, Group, Outcome, Refund};
+use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
 /// An algorithm's code: its name, the shared head (arguments, clock, integer helpers), the
@@ -21,9 +21,9 @@ macro_rules! algorithm {
             "local ALGORITHM = '",
             $name,
             "'\n",
-            include_str!("../../lua/prelude.lua"),
-            include_str!(concat!("../../lua/", $name, ".lua")),
-            include_str!("../../lua/decide.lua"),
+            include_str!("../../../lua/prelude.lua"),
+            include_str!(concat!("../../../lua/", $name, ".lua")),
+            include_str!("../../../lua/decide.lua"),
         )
     };
 }
@@ -59,7 +59,7 @@ const BATCH: &str = concat!(
     batch_entry!("2", "token_bucket"),
     batch_entry!("3", "sliding_window"),
     batch_entry!("4", "sliding_log"),
-    include_str!("../../lua/batch.lua"),
+    include_str!("../../../lua/batch.lua"),
 );
 
 const FIXED_WINDOW: &str = script!("fixed_window");

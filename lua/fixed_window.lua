@@ -19,7 +19,7 @@ Reply, integers only:
   refund  {changed 0|1, now_ms}
 
 Time is the server's clock (TIME), so every client agrees on window boundaries. Every write
-sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead), so idle buckets
+leaves the key's expiry at the state's (PEXPIREAT, at least 1 ms ahead), so idle buckets
 vanish on their own. Absolute, because a relative TTL counts from Redis' own time for the
 command, which can trail TIME by a millisecond: the key could vanish while it still counts.
 ]]
@@ -31,7 +31,15 @@ local window = tonumber(s[1]) or 0
 local count = tonumber(s[2]) or 0
 local locked = tonumber(s[3]) or 0
 
+-- What was stored: when only the count moves within the window and the lock, the other
+-- fields and the expiry stay as they are, so one HSET of the count is the whole write.
+local window0, count0, locked0 = window, count, locked
+
 local function save()
+  if count > 0 and count0 > 0 and window == window0 and locked == locked0 then
+    redis.call('HSET', key, 'c', int(count))
+    return
+  end
   local expires = locked
   if count > 0 then
     expires = math.max(expires, (window + 1) * W)

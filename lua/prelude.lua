@@ -1,8 +1,8 @@
 --[[
 floodgate: the shared head of every algorithm script, prepended to each when it is loaded
-(src/backend/redis/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads the
-arguments every script takes (see each script's header for ARGV), the clock, and defines the
-integer helpers.
+(src/backend/redis/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads
+and checks the arguments every script takes (see each script's header for ARGV). The clock and
+the helpers come from lua/lib.lua, which runs once per script call.
 ]]
 local key = KEYS[1]
 local op = ARGV[1]
@@ -21,47 +21,4 @@ if not (n and W and L and B and lockout) or n < 0 or W < 1 or L < 1 or B < 1 or 
 end
 if op == 'refund' and not (refund_id and string.match(refund_id, '^%d+$') and #refund_id <= 20) then
   return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': bad refund id')
-end
-
--- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
-local MAX = 9007199254740992
--- CLOCK is the server's TIME, read once per script call by the loader (scripts.rs).
-local now = tonumber(CLOCK[1]) * 1000 + math.floor(tonumber(CLOCK[2]) / 1000)
-
--- Integers go to Redis as exact decimals: tostring would round to 14 digits.
-local function int(x)
-  return string.format('%d', x)
-end
-
--- ceil(a/b); floor of a double quotient is exact for integers 0 <= a < 2^53, b >= 1.
-local function cdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b < a then
-    q = q + 1
-  end
-  return q
-end
-
--- Refunds are applied at most once: each bucket keeps the ids of its last RECENT_REFUNDS
--- applied refunds as one string "id,id,...", oldest first, and ignores a repeated id (a
--- refund re-sent after its reply was lost).
-local RECENT_REFUNDS = 8
-
--- Id 0 is an undo inside the same script as its booking (lua/batch.lua): it can never be
--- re-sent, so it is neither checked nor recorded.
-local function refund_seen(ids, id)
-  return id ~= '0' and string.find(',' .. ids .. ',', ',' .. id .. ',', 1, true) ~= nil
-end
-
--- ids with id appended, keeping the last RECENT_REFUNDS.
-local function refund_remember(ids, id)
-  if id == '0' then
-    return ids
-  end
-  local list = {}
-  for x in string.gmatch(ids, '[^,]+') do
-    list[#list + 1] = x
-  end
-  list[#list + 1] = id
-  return table.concat(list, ',', math.max(1, #list - RECENT_REFUNDS + 1), #list)
 end

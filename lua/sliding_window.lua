@@ -15,7 +15,7 @@ ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
 ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
-Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
+Every write leaves the key's expiry at the state's (PEXPIREAT, at least 1 ms ahead); see
 fixed_window.lua for why absolute.
 
 Reply, integers only:
@@ -31,7 +31,15 @@ local c = tonumber(s[2]) or 0
 local p = tonumber(s[3]) or 0
 local locked = tonumber(s[4]) or 0
 
+-- What was stored: when only the current count moves (same window, previous count and
+-- lock), the expiry stays as it is, so one HSET of the count is the whole write.
+local window0, c0, p0, locked0 = window, c, p, locked
+
 local function save()
+  if c > 0 and c0 > 0 and window == window0 and p == p0 and locked == locked0 then
+    redis.call('HSET', key, 'c', int(c))
+    return
+  end
   local expires = locked
   if c > 0 then
     expires = math.max(expires, (window + 2) * W)

@@ -739,3 +739,40 @@ async fn refund_delivered_twice_applies_once_on_redis_cluster() {
     let cluster = RedisCluster::start_async().await;
     refund_applies_once(&cluster.backend().await).await;
 }
+
+/// A charge that only moves the count within its window writes that one field; the expiry
+/// it leaves must still be the state's: the window's end (fixed window) or the next
+/// window's end (sliding window), exactly as a full write sets it.
+#[test]
+fn a_count_only_write_keeps_the_state_expiry() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server);
+    let w: i64 = 60_000;
+    for (algorithm, windows_kept) in [(Algorithm::FixedWindow, 1), (Algorithm::SlidingWindow, 2)] {
+        for round in 0..ROUNDS {
+            let key = format!("fg:{{expiry-{algorithm}-{round}}}");
+            let p = (w as u64, 10, 10);
+            let replies: Vec<Reply> = (0..3)
+                .map(|_| charge(&mut conn, algorithm, &key, 1, p, false, 0))
+                .collect();
+            let nows: Vec<i64> = replies.iter().map(|r| r.now_ms).collect();
+            if !one_window(w, &nows) {
+                continue;
+            }
+            assert!(replies.iter().all(|r| r.allowed && r.booked), "{replies:?}");
+            assert_eq!(replies[2].remaining, 7);
+            let expires: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(expires, (nows[0] / w + windows_kept) * w, "{algorithm}");
+            let count: i64 = redis::cmd("HGET")
+                .arg(&key)
+                .arg("c")
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(count, 3, "{algorithm}");
+            break;
+        }
+    }
+}

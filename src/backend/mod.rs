@@ -61,7 +61,7 @@ pub struct Refund {
     pub booked_at_ms: i64,
     /// Names this refund, so that a bucket applies it at most once: a refund delivered
     /// again (a client re-sending it after its reply was lost) changes nothing. Each bucket
-    /// remembers the ids of its last few refunds (`RECENT_REFUNDS` in `lua/prelude.lua`,
+    /// remembers the ids of its last few refunds (`RECENT_REFUNDS` in `lua/lib.lua`,
     /// the memory backend alike). `0` names an undo made inside the same atomic step as its
     /// booking ([`Refund::in_place`]): it can never be delivered twice, so it is not recorded.
     pub id: u64,

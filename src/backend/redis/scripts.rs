@@ -12,9 +12,8 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
-/// An algorithm's code: its name, the shared head (arguments, clock, integer helpers), the
-/// algorithm, and the shared tail (the order of `Bucket::decide`: peek, lock, algorithm,
-/// lockout), so what all four share is written once. It expects `CLOCK` in scope.
+/// An algorithm's code: its name, the shared head (arguments), the algorithm, and the shared tail (the order of `Bucket::decide`: peek, lock, algorithm,
+/// lockout), so what all four share is written once. It expects `once_per_call!` before it.
 macro_rules! algorithm {
     ($name:literal) => {
         concat!(
@@ -28,12 +27,22 @@ macro_rules! algorithm {
     };
 }
 
-/// One loadable single-bucket script (refunds, Redis Cluster charges). Every script reads
-/// the server clock once, as `CLOCK`: all the buckets a batch decides see the same instant,
-/// and a batch pays for one `TIME`.
+/// What every script runs once per call, before any bucket: the server clock, read once as
+/// `CLOCK` (all the buckets a batch decides see the same instant, and a batch pays for one
+/// `TIME`), and the helpers of lua/lib.lua, defined once however many buckets follow.
+macro_rules! once_per_call {
+    () => {
+        concat!(
+            "local CLOCK = redis.call('TIME')\n",
+            include_str!("../../../lua/lib.lua"),
+        )
+    };
+}
+
+/// One loadable single-bucket script (refunds, Redis Cluster charges).
 macro_rules! script {
     ($name:literal) => {
-        concat!("local CLOCK = redis.call('TIME')\n", algorithm!($name))
+        concat!(once_per_call!(), algorithm!($name))
     };
 }
 
@@ -53,7 +62,7 @@ macro_rules! batch_entry {
 /// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
 /// `ALGORITHMS` below, sharing one clock reading.
 const BATCH: &str = concat!(
-    "local CLOCK = redis.call('TIME')\n",
+    once_per_call!(),
     "local ALGORITHMS = {}\n",
     batch_entry!("1", "fixed_window"),
     batch_entry!("2", "token_bucket"),

@@ -15,8 +15,10 @@ use crate::backend::redis::scripts::{self, BatchCall, Via};
 use crate::backend::{BackendError, Outcome};
 
 /// Script calls in flight at once on the node's connections; more requests wait and share
-/// the next call.
-const MAX_IN_FLIGHT: usize = 4;
+/// the next call. Redis runs one script at a time, so two keep it busy (one runs while the
+/// other travels); more would only split the queue into smaller calls, and each call has a
+/// fixed cost in Redis (about as much as five items: `TIME`, the call, the reply).
+const MAX_IN_FLIGHT: usize = 2;
 /// Most items in one call: bounds how long one script keeps Redis busy.
 const MAX_ITEMS: usize = 256;
 

@@ -100,6 +100,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in declaration order. The batch script numbers them from 1 in this
+    /// order (lua/batch.lua).
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+
     /// Parses a YAML algorithm name, including the aliases of the token bucket.
     pub fn parse(name: &str) -> Option<Algorithm> {
         match name.to_ascii_lowercase().as_str() {

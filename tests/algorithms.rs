@@ -11,13 +11,6 @@ use proptest::prelude::*;
 /// The start of some day, so every tested unit's window starts here.
 const DAY_START: i64 = 1_700_006_400_000;
 
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
-
 fn policy(
     algorithm: Algorithm,
     limit: u32,
@@ -43,7 +36,7 @@ fn policy(
 }
 
 fn any_algorithm() -> impl Strategy<Value = Algorithm> {
-    prop::sample::select(ALGORITHMS.to_vec())
+    prop::sample::select(Algorithm::ALL.to_vec())
 }
 
 fn any_unit() -> impl Strategy<Value = Unit> {

@@ -18,12 +18,6 @@ use floodgate::backend::memory::{ManualClock, MemoryBackend};
 use floodgate::backend::{Backend, BucketKey, Charge, Outcome, RedisBackend, RedisOptions, Refund};
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
 const STEPS: usize = 500;
 const COSTS: [u64; 8] = [0, 1, 1, 1, 1, 2, 3, 9];
 
@@ -96,7 +90,7 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
     let mut rng = Rng(seed);
     let buckets: Vec<(BucketKey, Policy)> = (0..24)
         .map(|i| {
-            let policy = random_policy(&mut rng, ALGORITHMS[i % 4]);
+            let policy = random_policy(&mut rng, Algorithm::ALL[i % 4]);
             let value = format!("conformance-{seed}-{i}");
             let key = BucketKey::new("api", "rule", [("k", value.as_str())], &policy);
             (key, policy)

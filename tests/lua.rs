@@ -13,13 +13,6 @@ use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions, Refund};
 use floodgate::rules::{Algorithm, Policy, Unit};
 use redis::{Commands, Connection};
 
-const ALL: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
-
 /// A charge reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reply {
@@ -351,7 +344,7 @@ fn sliding_log_admits_exactly_and_waits_for_the_oldest() {
 fn lockout_denies_for_its_length_and_consume_books_denials() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let p = (60_000, 2, 2);
         let key = format!("fg:{{lock-{algorithm}}}");
         assert!(charge(&mut conn, algorithm, &key, 2, p, false, 90_000).allowed);
@@ -396,7 +389,7 @@ fn lockout_denies_for_its_length_and_consume_books_denials() {
 fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
         let key = format!("fg:{{ttl-{algorithm}}}");
         let p = (1_000, 3, 3);
@@ -438,7 +431,7 @@ fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
 fn peeks_and_rejected_denials_write_nothing() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let key = format!("fg:{{quiet-{algorithm}}}");
         let p = (60_000, 2, 2);
         assert!(charge(&mut conn, algorithm, &key, 2, p, false, 0).allowed);
@@ -463,7 +456,7 @@ fn peeks_and_rejected_denials_write_nothing() {
 fn refunds_undo_only_their_own_booking() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let key = format!("fg:{{refund-{algorithm}}}");
         let p = (3_600_000, 4, 4);
         let a = charge(&mut conn, algorithm, &key, 3, p, false, 0);
@@ -490,7 +483,7 @@ fn bad_arguments_are_errors_not_decisions() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
     let scripts = ScriptSet::new();
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let bad: [&[&str]; 5] = [
             &["charge", "x", "1000", "1", "1", "0", "0", "0"],
             &["charge", "1", "0", "1", "1", "0", "0", "0"],
@@ -512,7 +505,7 @@ fn bad_arguments_are_errors_not_decisions() {
     invocation.arg(&["charge", "1", "1000", "10001", "1", "0", "0", "0"]);
     assert!(invocation.invoke::<Vec<i64>>(&mut conn).is_err());
     // A refund needs an id of decimal digits.
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         for id in [None, Some(""), Some("x1"), Some("123456789012345678901")] {
             let mut invocation = scripts.get(algorithm).key("fg:{bad}");
             invocation.arg(&["refund", "1", "1000", "1", "1", "0", "0", "0"]);
@@ -527,7 +520,7 @@ fn bad_arguments_are_errors_not_decisions() {
 
 #[test]
 fn scripts_use_no_float_replies_or_undeclared_keys() {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let src = source(algorithm);
         // Every access goes through `key` (KEYS[1]); no second key, no clock-derived key.
         assert_eq!(
@@ -603,7 +596,7 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
         algorithm,
         ..Policy::fixed_window(5, Unit::Hour)
     };
-    let charges: Vec<Charge> = ALL
+    let charges: Vec<Charge> = Algorithm::ALL
         .iter()
         .map(|&a| Charge {
             bucket: BucketKey::new("api", "flush", [("k", "v")], &policy(a)),
@@ -616,7 +609,8 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
         redis::cmd("SCRIPT")
             .arg("EXISTS")
             .arg(
-                ALL.map(|a| ScriptSet::new().get(a).get_hash().to_owned())
+                Algorithm::ALL
+                    .map(|a| ScriptSet::new().get(a).get_hash().to_owned())
                     .to_vec(),
             )
             .query(conn)
@@ -632,7 +626,7 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
     server.cli(&["SCRIPT", "FLUSH"]);
     // The batch script is unknown now: NOSCRIPT means it did not run, and EVAL runs it once.
     let second = backend.charge(&charges).await.unwrap();
-    for (o, a) in second.iter().zip(ALL) {
+    for (o, a) in second.iter().zip(Algorithm::ALL) {
         assert_eq!(o.remaining, 3, "{a} booked once");
     }
     let batch_known: Vec<bool> = redis::cmd("SCRIPT")
@@ -701,7 +695,7 @@ fn sliding_log_memory_does_not_grow_with_the_cost() {
 /// algorithm, on any backend. Two bookings of 2 (L = B = 5 per day); the first one's
 /// refund, sent twice, leaves the second booked: 3 remain, not 5.
 async fn refund_applies_once(backend: &dyn Backend) {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let policy = Policy {
             algorithm,
             ..Policy::fixed_window(5, Unit::Day)

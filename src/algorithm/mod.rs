@@ -336,11 +336,10 @@ mod tests {
     #[test]
     fn refund_dispatches_to_the_counter() {
         let policy = Policy::fixed_window(3, Unit::Minute);
-        for algorithm in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::SlidingLog,
-        ] {
+        for algorithm in Algorithm::ALL {
+            if algorithm == Algorithm::TokenBucket {
+                continue;
+            }
             let mut bucket = Bucket::new(algorithm);
             let empty = bucket.decide(&policy, NOW + 7, 0);
             assert!(bucket.decide(&policy, NOW + 7, 3).booked);
@@ -359,14 +358,10 @@ mod tests {
     #[test]
     fn new_buckets_match_their_algorithm_and_expire_at_once() {
         let policy = Policy::fixed_window(3, Unit::Second);
-        for (algorithm, name) in [
-            (Algorithm::FixedWindow, "FixedWindow"),
-            (Algorithm::TokenBucket, "TokenBucket"),
-            (Algorithm::SlidingWindow, "SlidingWindow"),
-            (Algorithm::SlidingLog, "SlidingLog"),
-        ] {
+        for algorithm in Algorithm::ALL {
             let bucket = Bucket::new(algorithm);
-            assert!(format!("{:?}", bucket.counter).starts_with(name));
+            // The state's variant carries the algorithm's name.
+            assert!(format!("{:?}", bucket.counter).starts_with(&format!("{algorithm:?}(")));
             assert_eq!(bucket.expires_at_ms(&policy), 0);
         }
     }

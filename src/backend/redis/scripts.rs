@@ -51,7 +51,7 @@ macro_rules! batch_entry {
 }
 
 /// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
-/// `ALGORITHMS` below, sharing one clock reading.
+/// `Algorithm::ALL`, sharing one clock reading.
 const BATCH: &str = concat!(
     "local CLOCK = redis.call('TIME')\n",
     "local ALGORITHMS = {}\n",
@@ -67,16 +67,9 @@ const TOKEN_BUCKET: &str = script!("token_bucket");
 const SLIDING_WINDOW: &str = script!("sliding_window");
 const SLIDING_LOG: &str = script!("sliding_log");
 
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
-
-/// The batch script's number for `algorithm` (its index in `ALGORITHMS`, from 1).
+/// The batch script's number for `algorithm` (its index in `Algorithm::ALL`, from 1).
 fn batch_index(algorithm: Algorithm) -> usize {
-    ALGORITHMS
+    Algorithm::ALL
         .iter()
         .position(|&a| a == algorithm)
         .expect("every algorithm is listed")
@@ -139,7 +132,7 @@ impl ScriptSet {
 
     /// `SCRIPT LOAD` of every script (a cluster client sends it to every node).
     pub(crate) fn load_commands() -> impl Iterator<Item = Cmd> {
-        ALGORITHMS
+        Algorithm::ALL
             .into_iter()
             .map(source)
             .chain([BATCH])
@@ -437,11 +430,13 @@ mod tests {
     #[test]
     fn every_script_has_its_own_hash_and_documents_its_contract() {
         let set = ScriptSet::new();
-        let hashes: std::collections::HashSet<&str> =
-            ALGORITHMS.iter().map(|&a| set.get(a).get_hash()).collect();
+        let hashes: std::collections::HashSet<&str> = Algorithm::ALL
+            .iter()
+            .map(|&a| set.get(a).get_hash())
+            .collect();
         assert_eq!(hashes.len(), 4);
         assert!(!hashes.contains(set.batch().get_hash()));
-        for algorithm in ALGORITHMS {
+        for algorithm in Algorithm::ALL {
             let src = source(algorithm);
             for word in ["KEYS[1]", "ARGV[9]", "Reply", "PEXPIRE", "TIME"] {
                 assert!(src.contains(word), "{algorithm}: header lacks {word}");

@@ -7,10 +7,29 @@
 //! the node that owns the key. A retry never repeats a call that ran: `NOSCRIPT` means the
 //! script did not start.
 
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
 
+use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
+
+use crate::backend::memory::Clock;
 use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
+
+/// The first line of every script: the server clock, read once per call as `CLOCK`
+/// (`{seconds, microseconds}`), so all the buckets a batch decides see the same instant and
+/// a batch pays for one `TIME`.
+macro_rules! clock {
+    () => {
+        "local CLOCK = redis.call('TIME')\n"
+    };
+}
+
+/// What a pinned set (`ScriptSet::pinned`) reads instead of `clock!()`: the time in ms that
+/// each of its calls appends as the last ARGV word, split as `TIME` splits it.
+const PINNED_CLOCK: &str = "local CLOCK = {math.floor(tonumber(ARGV[#ARGV]) / 1000), \
+    tonumber(ARGV[#ARGV]) % 1000 * 1000}\n";
 
 /// An algorithm's code: its name, the shared head (arguments, clock, integer helpers), the
 /// algorithm, and the shared tail (the order of `Bucket::decide`: peek, lock, algorithm,
@@ -28,12 +47,10 @@ macro_rules! algorithm {
     };
 }
 
-/// One loadable single-bucket script (refunds, Redis Cluster charges). Every script reads
-/// the server clock once, as `CLOCK`: all the buckets a batch decides see the same instant,
-/// and a batch pays for one `TIME`.
+/// One loadable single-bucket script (refunds, Redis Cluster charges).
 macro_rules! script {
     ($name:literal) => {
-        concat!("local CLOCK = redis.call('TIME')\n", algorithm!($name))
+        concat!(clock!(), algorithm!($name))
     };
 }
 
@@ -53,7 +70,7 @@ macro_rules! batch_entry {
 /// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
 /// `Algorithm::ALL`, sharing one clock reading.
 const BATCH: &str = concat!(
-    "local CLOCK = redis.call('TIME')\n",
+    clock!(),
     "local ALGORITHMS = {}\n",
     batch_entry!("1", "fixed_window"),
     batch_entry!("2", "token_bucket"),
@@ -87,13 +104,39 @@ pub fn source(algorithm: Algorithm) -> &'static str {
 }
 
 /// One script per algorithm with its SHA-1, computed once when a backend is built.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ScriptSet {
-    fixed_window: redis::Script,
-    token_bucket: redis::Script,
-    sliding_window: redis::Script,
-    sliding_log: redis::Script,
-    batch: redis::Script,
+    fixed_window: Loaded,
+    token_bucket: Loaded,
+    sliding_window: Loaded,
+    sliding_log: Loaded,
+    batch: Loaded,
+    /// Set for a pinned set only: the time its calls append to their ARGV.
+    clock: Option<Arc<dyn Clock>>,
+}
+
+/// A script with its source, which `EVAL` sends after `NOSCRIPT`.
+#[derive(Clone)]
+struct Loaded {
+    script: redis::Script,
+    source: Cow<'static, str>,
+}
+
+impl Loaded {
+    fn new(source: Cow<'static, str>) -> Loaded {
+        Loaded {
+            script: redis::Script::new(&source),
+            source,
+        }
+    }
+}
+
+impl fmt::Debug for ScriptSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptSet")
+            .field("pinned", &self.clock.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ScriptSet {
@@ -103,31 +146,65 @@ impl Default for ScriptSet {
 }
 
 impl ScriptSet {
-    /// Hashes the four scripts.
+    /// Hashes the four scripts and the batch script.
     pub fn new() -> ScriptSet {
-        let script = |algorithm| redis::Script::new(source(algorithm));
+        ScriptSet::with_sources(|source| Cow::Borrowed(source), None)
+    }
+
+    /// For tests: the same scripts on a clock that only moves when the test moves it. Each
+    /// script's first line (`clock!()`) reads the last ARGV word instead of `TIME`, and every
+    /// call built from this set (`Call`, `BatchCall`, [`ScriptSet::pinned_now`]) appends
+    /// `clock`'s time there, so Redis decides at exactly the instant the Rust algorithms and
+    /// the memory backend are given. The rest of each script is the production text.
+    #[doc(hidden)]
+    pub fn pinned(clock: Arc<dyn Clock>) -> ScriptSet {
+        let pin = |source: &'static str| {
+            let rest = source
+                .strip_prefix(clock!())
+                .expect("every script starts with the clock line");
+            Cow::Owned(format!("{PINNED_CLOCK}{rest}"))
+        };
+        ScriptSet::with_sources(pin, Some(clock))
+    }
+
+    fn with_sources(
+        source_of: impl Fn(&'static str) -> Cow<'static, str>,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> ScriptSet {
+        let script = |algorithm| Loaded::new(source_of(source(algorithm)));
         ScriptSet {
             fixed_window: script(Algorithm::FixedWindow),
             token_bucket: script(Algorithm::TokenBucket),
             sliding_window: script(Algorithm::SlidingWindow),
             sliding_log: script(Algorithm::SlidingLog),
-            batch: redis::Script::new(BATCH),
+            batch: Loaded::new(source_of(BATCH)),
+            clock,
         }
     }
 
     /// The script that decides many requests' items at once (lua/batch.lua).
     pub fn batch(&self) -> &redis::Script {
-        &self.batch
+        &self.batch.script
     }
 
     /// The script that runs `algorithm`.
     pub fn get(&self, algorithm: Algorithm) -> &redis::Script {
+        &self.loaded(algorithm).script
+    }
+
+    fn loaded(&self, algorithm: Algorithm) -> &Loaded {
         match algorithm {
             Algorithm::FixedWindow => &self.fixed_window,
             Algorithm::TokenBucket => &self.token_bucket,
             Algorithm::SlidingWindow => &self.sliding_window,
             Algorithm::SlidingLog => &self.sliding_log,
         }
+    }
+
+    /// The word a call of a pinned set ends with: the pinned time in ms. `None` (no word)
+    /// for a real set. Tests that invoke a script directly append it after the [`Argv`].
+    pub fn pinned_now(&self) -> Option<i64> {
+        self.clock.as_ref().map(|clock| clock.now_ms())
     }
 
     /// `SCRIPT LOAD` of every script (a cluster client sends it to every node).
@@ -155,19 +232,103 @@ pub(crate) enum Via {
 
 impl Via {
     /// `EVALSHA <sha of script>` or `EVAL <source>`, ready for the keys and arguments.
-    fn command(self, script: &redis::Script, source: &str) -> Cmd {
+    fn command(self, loaded: &Loaded) -> Cmd {
         match self {
             Via::Sha => {
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(script.get_hash());
+                cmd.arg(loaded.script.get_hash());
                 cmd
             }
             Via::Source => {
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(source);
+                cmd.arg(&*loaded.source);
                 cmd
             }
         }
+    }
+}
+
+/// What an algorithm script call does (ARGV[1], and ARGV[8..=9] of a refund).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Decide a charge of the cost (0: a peek).
+    Charge,
+    /// Give back the cost of a booking.
+    Refund {
+        /// The `now_ms` that the charge being undone replied.
+        booked_at_ms: i64,
+        /// The refund's id: the same id again changes nothing (a re-sent refund).
+        id: u64,
+    },
+}
+
+/// The ARGV of one algorithm script call. Its `ToRedisArgs` writes the words in the order
+/// of the script headers (lua/fixed_window.lua): op, n, W, L, B, consume, lockout,
+/// booked_at, refund id (0 and 0 for a charge). The backends and the tests build every
+/// call from it, so that order is written once in Rust.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Argv {
+    /// Charge or refund.
+    pub op: Op,
+    /// `n`: the cost to charge or give back.
+    pub cost: u64,
+    /// The bucket's policy (W, L, B, consume, lockout).
+    pub policy: Policy,
+}
+
+impl Argv {
+    /// A charge of `cost` (0: a peek).
+    pub fn charge(cost: u64, policy: Policy) -> Argv {
+        Argv {
+            op: Op::Charge,
+            cost,
+            policy,
+        }
+    }
+
+    /// A refund of `cost`, booked at `booked_at_ms`, named `id`.
+    pub fn refund(cost: u64, policy: Policy, booked_at_ms: i64, id: u64) -> Argv {
+        Argv {
+            op: Op::Refund { booked_at_ms, id },
+            cost,
+            policy,
+        }
+    }
+}
+
+/// ARGV[2..=7] of an algorithm script, `n W L B consume lockout`: what a decision needs.
+/// The batch script takes the same six per item.
+fn decision_args(cost: u64, policy: &Policy) -> [u64; 6] {
+    [
+        cost,
+        policy.window_ms(),
+        u64::from(policy.requests_per_unit),
+        u64::from(policy.burst),
+        u64::from(policy.on_over_limit == OnOverLimit::Consume),
+        policy.lockout_ms(),
+    ]
+}
+
+impl ToRedisArgs for Argv {
+    // Numbers are written straight into the command buffer: no string per argument.
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let (op, booked_at_ms, id) = match self.op {
+            Op::Charge => ("charge", 0, 0),
+            Op::Refund { booked_at_ms, id } => ("refund", booked_at_ms, id),
+        };
+        op.write_redis_args(out);
+        for word in decision_args(self.cost, &self.policy) {
+            word.write_redis_args(out);
+        }
+        booked_at_ms.write_redis_args(out);
+        id.write_redis_args(out);
+    }
+
+    fn num_of_args(&self) -> usize {
+        9
     }
 }
 
@@ -175,11 +336,7 @@ impl Via {
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
     key: String,
-    op: &'static str,
-    cost: u64,
-    policy: Policy,
-    booked_at_ms: i64,
-    refund_id: u64,
+    argv: Argv,
 }
 
 impl Call {
@@ -187,11 +344,7 @@ impl Call {
     pub(crate) fn charge(charge: &Charge, prefix: &str) -> Call {
         Call {
             key: charge.bucket.redis_key(prefix),
-            op: "charge",
-            cost: charge.cost,
-            policy: charge.policy,
-            booked_at_ms: 0,
-            refund_id: 0,
+            argv: Argv::charge(charge.cost, charge.policy),
         }
     }
 
@@ -199,32 +352,17 @@ impl Call {
     pub(crate) fn refund(refund: &Refund, prefix: &str) -> Call {
         Call {
             key: refund.bucket.redis_key(prefix),
-            op: "refund",
-            cost: refund.cost,
-            policy: refund.policy,
-            booked_at_ms: refund.booked_at_ms,
-            refund_id: refund.id,
+            argv: Argv::refund(refund.cost, refund.policy, refund.booked_at_ms, refund.id),
         }
     }
 
     /// The command: `EVALSHA sha 1 key argv...` or `EVAL source 1 key argv...`.
     pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
-        let algorithm = self.policy.algorithm;
-        let mut cmd = via.command(scripts.get(algorithm), source(algorithm));
-        // Numbers are written straight into the command buffer: no string per argument.
-        let policy = &self.policy;
-        let consume = policy.on_over_limit == OnOverLimit::Consume;
+        let mut cmd = via.command(scripts.loaded(self.argv.policy.algorithm));
         cmd.arg(1)
             .arg(&self.key)
-            .arg(self.op)
-            .arg(self.cost)
-            .arg(policy.window_ms())
-            .arg(policy.requests_per_unit)
-            .arg(policy.burst)
-            .arg(if consume { "1" } else { "0" })
-            .arg(policy.lockout_ms())
-            .arg(self.booked_at_ms)
-            .arg(self.refund_id);
+            .arg(self.argv)
+            .arg(scripts.pinned_now());
         cmd
     }
 }
@@ -256,13 +394,8 @@ impl BatchCall {
                 batch_index(policy.algorithm) as u64,
                 u64::from(item.weight.quota),
                 u64::from(item.weight.shadow),
-                charge.cost,
-                policy.window_ms(),
-                u64::from(policy.requests_per_unit),
-                u64::from(policy.burst),
-                u64::from(policy.on_over_limit == OnOverLimit::Consume),
-                policy.lockout_ms(),
             ]);
+            self.argv.extend(decision_args(charge.cost, policy));
         }
     }
 
@@ -275,7 +408,7 @@ impl BatchCall {
     /// G argv...` (or `EVAL` with the source). Arguments are written straight into the
     /// command buffer, so joining requests copies nothing else.
     pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
-        let mut cmd = via.command(scripts.batch(), BATCH);
+        let mut cmd = via.command(&scripts.batch);
         cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
         for call in calls {
             cmd.arg(&call.keys);
@@ -284,6 +417,7 @@ impl BatchCall {
         for call in calls {
             cmd.arg(&call.argv);
         }
+        cmd.arg(scripts.pinned_now());
         cmd
     }
 }
@@ -475,6 +609,43 @@ mod tests {
             .command(&ScriptSet::new(), Via::Source)
             .get_packed_command();
         assert!(String::from_utf8_lossy(&eval).contains("token_bucket.rs"));
+    }
+
+    #[test]
+    fn a_pinned_set_changes_only_the_clock_line_and_ends_every_call_with_the_time() {
+        let clock = Arc::new(crate::backend::memory::ManualClock::new(4_102_444_812_345));
+        let pinned = ScriptSet::pinned(clock.clone());
+        let real = ScriptSet::new();
+        for algorithm in Algorithm::ALL {
+            let text = &pinned.loaded(algorithm).source;
+            assert_eq!(
+                text.strip_prefix(PINNED_CLOCK),
+                source(algorithm).strip_prefix(clock!())
+            );
+            let (a, b) = (pinned.get(algorithm), real.get(algorithm));
+            assert_ne!(a.get_hash(), b.get_hash(), "{algorithm}");
+        }
+        assert_eq!(
+            pinned.batch.source.strip_prefix(PINNED_CLOCK),
+            BATCH.strip_prefix(clock!())
+        );
+        assert_eq!(real.pinned_now(), None);
+        clock.advance(5);
+        assert_eq!(pinned.pinned_now(), Some(4_102_444_812_350));
+
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let charge = Charge {
+            bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
+            policy,
+            cost: 1,
+        };
+        let call = Call::charge(&charge, "fg");
+        let on_time = words(&call.command(&real, Via::Sha));
+        let pinned_words = words(&call.command(&pinned, Via::Source));
+        assert_eq!(pinned_words.len(), on_time.len() + 1);
+        assert_eq!(pinned_words.last().unwrap(), "4102444812350");
+        let batch = BatchCall::command(&[], &pinned, Via::Sha);
+        assert_eq!(words(&batch).last().unwrap(), "4102444812350");
     }
 
     /// The words of a command as it goes on the wire.

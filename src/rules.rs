@@ -316,6 +316,21 @@ mod tests {
     }
 
     #[test]
+    fn all_lists_every_algorithm_once_in_declaration_order() {
+        for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+            // Exhaustive: a new algorithm does not compile here until ALL places it.
+            let declared = match algorithm {
+                Algorithm::FixedWindow => 0,
+                Algorithm::TokenBucket => 1,
+                Algorithm::SlidingWindow => 2,
+                Algorithm::SlidingLog => 3,
+            };
+            assert_eq!(declared, i);
+            assert_eq!(Algorithm::parse(algorithm.as_str()), Some(algorithm));
+        }
+    }
+
+    #[test]
     fn exact_bounds_reject_token_buckets_lua_cannot_count() {
         let mut policy = Policy::fixed_window(999_983, Unit::Year);
         policy.algorithm = Algorithm::TokenBucket;

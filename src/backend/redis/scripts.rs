@@ -148,7 +148,7 @@ impl Default for ScriptSet {
 impl ScriptSet {
     /// Hashes the four scripts and the batch script.
     pub fn new() -> ScriptSet {
-        ScriptSet::with_sources(|source| Cow::Borrowed(source), None)
+        ScriptSet::with_sources(Cow::Borrowed, None)
     }
 
     /// For tests: the same scripts on a clock that only moves when the test moves it. Each

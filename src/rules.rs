@@ -100,6 +100,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in declaration order. The batch script numbers them from 1 in this
+    /// order (lua/batch.lua).
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+
     /// Parses a YAML algorithm name, including the aliases of the token bucket.
     pub fn parse(name: &str) -> Option<Algorithm> {
         match name.to_ascii_lowercase().as_str() {
@@ -304,6 +313,21 @@ mod tests {
             assert_eq!(Algorithm::parse(alias), Some(Algorithm::TokenBucket));
         }
         assert_eq!(Algorithm::parse("fixed"), None);
+    }
+
+    #[test]
+    fn all_lists_every_algorithm_once_in_declaration_order() {
+        for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+            // Exhaustive: a new algorithm does not compile here until ALL places it.
+            let declared = match algorithm {
+                Algorithm::FixedWindow => 0,
+                Algorithm::TokenBucket => 1,
+                Algorithm::SlidingWindow => 2,
+                Algorithm::SlidingLog => 3,
+            };
+            assert_eq!(declared, i);
+            assert_eq!(Algorithm::parse(algorithm.as_str()), Some(algorithm));
+        }
     }
 
     #[test]

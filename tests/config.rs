@@ -54,12 +54,7 @@ fn every_example_in_config_loads_and_compiles() {
         .iter()
         .filter_map(|rule| rule.policy().map(|p| p.algorithm))
         .collect();
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ] {
+    for algorithm in Algorithm::ALL {
         assert!(algorithms.contains(&algorithm), "{algorithm} missing");
     }
     assert_eq!(matcher.rules().len(), loaded.rule_count());

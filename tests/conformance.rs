@@ -1,10 +1,13 @@
 //! The Lua scripts decide exactly as the Rust algorithms: one seeded random sequence of
 //! charges and refunds goes to Redis (single node and cluster), and every reply is compared
-//! with `algorithm::Bucket` and with the memory backend at the `now_ms` Redis reported.
+//! with `algorithm::Bucket` and with the memory backend. All three run on one `ManualClock`:
+//! the Redis backends run `ScriptSet::pinned` scripts, which read the time from it.
 //!
-//! Windows of 1-2 s, lockouts of 0.3-1.2 s and short pauses make windows roll, buckets leak,
-//! locks expire and Redis keys expire during the run, so TTLs are checked too: a key that
-//! vanished while its state still counted would show up as a different decision.
+//! Windows of 1-3 s, lockouts of 0.3-1.2 s and clock steps make windows roll, buckets leak
+//! and locks expire during the run. Redis would expire keys by its own clock, so the test
+//! expires them on the pinned one: before a step touches a key whose PEXPIRETIME has come,
+//! it deletes the key. A key set to vanish while its state still counted would then show
+//! up as a different decision.
 
 mod common;
 
@@ -14,17 +17,17 @@ use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::algorithm::Bucket;
-use floodgate::backend::memory::{ManualClock, MemoryBackend};
-use floodgate::backend::{Backend, BucketKey, Charge, Outcome, RedisBackend, RedisOptions, Refund};
+use floodgate::backend::memory::{Clock, ManualClock, MemoryBackend};
+use floodgate::backend::redis::scripts::ScriptSet;
+use floodgate::backend::{
+    Backend, BucketKey, Charge, ClusterBackend, Outcome, RedisBackend, RedisOptions, Refund,
+};
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
+use redis::ConnectionLike;
 
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
 const STEPS: usize = 500;
+/// A day boundary ahead of the real clock, so that Redis never expires a key by its own.
+const START: i64 = 4_102_444_800_000;
 const COSTS: [u64; 8] = [0, 1, 1, 1, 1, 2, 3, 9];
 
 /// xorshift64: a fixed seed gives the same sequence on every run.
@@ -67,36 +70,32 @@ fn random_policy(rng: &mut Rng, algorithm: Algorithm) -> Policy {
     }
 }
 
-/// The refund call as `RedisBackend::refund` makes it, but through a plain connection so
-/// that its reply (with Redis' `now_ms`) is visible.
-fn refund_argv(refund: &Refund) -> Vec<String> {
-    let p = &refund.policy;
-    vec![
-        "refund".into(),
-        refund.cost.to_string(),
-        p.window_ms().to_string(),
-        p.requests_per_unit.to_string(),
-        p.burst.to_string(),
-        if p.on_over_limit == OnOverLimit::Consume {
-            "1"
-        } else {
-            "0"
-        }
-        .into(),
-        p.lockout_ms().to_string(),
-        refund.booked_at_ms.to_string(),
-        refund.id.to_string(),
-    ]
+/// Deletes `key` if its expiry (PEXPIRETIME, as the scripts set it) has come by `now`: what
+/// Redis does on its own clock, done on the pinned one. Returns whether it did.
+fn expire_due(conn: &mut dyn ConnectionLike, key: &str, now: i64) -> bool {
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(conn).unwrap();
+    assert_ne!(at, -1, "{key} was written without an expiry");
+    let due = at >= 0 && at <= now;
+    if due {
+        let _: i64 = redis::cmd("DEL").arg(key).query(conn).unwrap();
+    }
+    due
 }
 
-/// Runs a refund script call and returns the `now_ms` it ran at.
-type RawRefund<'a> = Box<dyn FnMut(&Refund) -> i64 + 'a>;
+/// Runs `expire_due` at the given time on the Redis key of each bucket; returns how many
+/// keys it deleted.
+type Expire<'a> = Box<dyn FnMut(&[BucketKey], i64) -> usize + 'a>;
 
-async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u64) {
+async fn conforms(
+    backend: &dyn Backend,
+    clock: Arc<ManualClock>,
+    mut expire: Expire<'_>,
+    seed: u64,
+) {
     let mut rng = Rng(seed);
     let buckets: Vec<(BucketKey, Policy)> = (0..24)
         .map(|i| {
-            let policy = random_policy(&mut rng, ALGORITHMS[i % 4]);
+            let policy = random_policy(&mut rng, Algorithm::ALL[i % 4]);
             let value = format!("conformance-{seed}-{i}");
             let key = BucketKey::new("api", "rule", [("k", value.as_str())], &policy);
             (key, policy)
@@ -106,25 +105,28 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
         .iter()
         .map(|(k, p)| (*k, Bucket::new(p.algorithm)))
         .collect();
-    let clock = Arc::new(ManualClock::new(0));
     let memory = MemoryBackend::with_clock(10_000, clock.clone());
     let mut booked: Vec<Refund> = Vec::new();
     let mut history: Vec<String> = Vec::new();
+    let mut expired = 0;
 
     for step in 0..STEPS {
+        // Time moves a little at every step and now and then pauses longer.
+        clock.advance(rng.below(4) as i64);
         if rng.below(4) == 0 {
-            tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
+            clock.advance(rng.below(60) as i64);
         }
+        let now = clock.now_ms();
         if !booked.is_empty() && rng.below(7) == 0 {
             let refund = booked.swap_remove(rng.below(booked.len() as u64) as usize);
-            let now = raw_refund(&refund);
+            expired += expire(&[refund.bucket], now);
+            backend.refund(std::slice::from_ref(&refund)).await.unwrap();
             model.get_mut(&refund.bucket).unwrap().refund(
                 &refund.policy,
                 now,
                 refund.cost,
                 refund.booked_at_ms,
             );
-            clock.set(now);
             memory.refund(std::slice::from_ref(&refund)).await.unwrap();
             history.push(format!(
                 "{step}: refund {} of {:?} booked at {} (now {now})",
@@ -142,20 +144,21 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
                 }
             })
             .collect();
+        let keys: Vec<BucketKey> = request.iter().map(|c| c.bucket).collect();
+        expired += expire(&keys, now);
         let outcomes = backend.charge(&request).await.unwrap();
         for (charge, redis) in request.iter().zip(outcomes) {
-            let verdict = model.get_mut(&charge.bucket).unwrap().decide(
-                &charge.policy,
-                redis.now_ms,
-                charge.cost,
-            );
-            clock.set(redis.now_ms);
+            let verdict =
+                model
+                    .get_mut(&charge.bucket)
+                    .unwrap()
+                    .decide(&charge.policy, now, charge.cost);
             let in_memory = memory.charge(std::slice::from_ref(charge)).await.unwrap()[0];
             let expected = Outcome {
                 allowed: verdict.allowed,
                 remaining: verdict.remaining,
                 reset_ms: verdict.reset_ms,
-                now_ms: redis.now_ms,
+                now_ms: now,
                 booked: verdict.booked,
                 rolled_back: false,
             };
@@ -172,16 +175,12 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
                 context()
             );
             if redis.booked {
-                booked.push(Refund::new(
-                    charge.bucket,
-                    charge.policy,
-                    charge.cost,
-                    redis.now_ms,
-                ));
+                booked.push(Refund::new(charge.bucket, charge.policy, charge.cost, now));
             }
         }
     }
-    // The run must have exercised both answers and every algorithm.
+    // The run must have exercised expiry, both answers and every algorithm.
+    assert!(expired > 0, "no key expired");
     let decisions = history.iter().filter(|h| h.contains("allowed")).count();
     let denials = history
         .iter()
@@ -196,37 +195,43 @@ async fn conforms(backend: &dyn Backend, mut raw_refund: RawRefund<'_>, seed: u6
 #[tokio::test]
 async fn redis_decides_exactly_as_the_algorithms() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url(), RedisOptions::default())
-        .await
-        .unwrap();
+    let clock = Arc::new(ManualClock::new(START));
+    let scripts = ScriptSet::pinned(clock.clone());
+    let backend =
+        RedisBackend::connect_with_scripts(&server.url(), RedisOptions::default(), scripts)
+            .await
+            .unwrap();
     let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    let scripts = floodgate::backend::redis::scripts::ScriptSet::new();
-    let raw: RawRefund = Box::new(|refund: &Refund| {
-        let mut call = scripts.get(refund.policy.algorithm).prepare_invoke();
-        call.key(refund.bucket.redis_key("fg"));
-        call.arg(refund_argv(refund));
-        let reply: Vec<i64> = call.invoke(&mut conn).unwrap();
-        reply[1]
+    let expire: Expire = Box::new(|buckets: &[BucketKey], now| {
+        buckets
+            .iter()
+            .filter(|bucket| expire_due(&mut conn, &bucket.redis_key("fg"), now))
+            .count()
     });
-    conforms(&backend, raw, 0x5EED_0001).await;
+    conforms(&backend, clock, expire, 0x5EED_0001).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_decides_exactly_as_the_algorithms() {
     let cluster = RedisCluster::start_async().await;
-    let backend = cluster.backend().await;
+    let clock = Arc::new(ManualClock::new(START));
+    let scripts = ScriptSet::pinned(clock.clone());
+    let backend =
+        ClusterBackend::connect_with_scripts(&cluster.urls(), RedisOptions::default(), scripts)
+            .await
+            .unwrap();
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     let mut conn = client.get_connection().unwrap();
-    let scripts = floodgate::backend::redis::scripts::ScriptSet::new();
-    let raw: RawRefund = Box::new(|refund: &Refund| {
-        let mut call = scripts.get(refund.policy.algorithm).prepare_invoke();
-        call.key(refund.bucket.redis_key("fg"));
-        call.arg(refund_argv(refund));
-        let reply: Vec<i64> = tokio::task::block_in_place(|| call.invoke(&mut conn)).unwrap();
-        reply[1]
+    let expire: Expire = Box::new(|buckets: &[BucketKey], now| {
+        tokio::task::block_in_place(|| {
+            buckets
+                .iter()
+                .filter(|bucket| expire_due(&mut conn, &bucket.redis_key("fg"), now))
+                .count()
+        })
     });
-    conforms(&backend, raw, 0x5EED_0002).await;
+    conforms(&backend, clock, expire, 0x5EED_0002).await;
 }

@@ -1,31 +1,34 @@
-//! The Lua scripts against a real `redis-server`: their contract (one key, TTL on every
-//! write, integer replies, argument checks), the vectors of docs/algorithms.md#test-vectors that
-//! real time allows, and the reload after `SCRIPT FLUSH`.
+//! The Lua scripts against a real `redis-server`: every vector of tests/vectors/algorithms.json
+//! on a pinned clock, their contract (one key, TTL on every write, integer replies, argument
+//! checks), and the reload after `SCRIPT FLUSH`.
 //!
-//! Time comes from the server's clock, so expectations are computed from the `now_ms` each
-//! reply carries; states that need time to pass are seeded into the bucket's hash instead.
+//! Scripts of `ScriptSet::pinned` read the time from a `ManualClock` instead of `TIME`, so the
+//! vectors run at exactly the instants the Rust algorithms see. Tests that need no particular
+//! instant run the production scripts on the server's clock.
 
 mod common;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use common::redis::{RedisCluster, RedisServer};
-use floodgate::backend::redis::scripts::{ScriptSet, source};
+use common::vectors::{self, Action, Observed};
+use floodgate::backend::memory::ManualClock;
+use floodgate::backend::redis::scripts::{Argv, ScriptSet, source};
 use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions, Refund};
-use floodgate::rules::{Algorithm, Policy, Unit};
+use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 use redis::{Commands, Connection};
 
-const ALL: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
+/// A day boundary ahead of the real clock (as the vector table's start): keys that a pinned
+/// script sets to expire relative to it never expire by the server's own clock.
+const START: i64 = 4_102_444_800_000;
 
 /// A charge reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reply {
     allowed: bool,
-    remaining: i64,
-    reset_ms: i64,
+    remaining: u64,
+    reset_ms: u64,
     now_ms: i64,
     booked: bool,
 }
@@ -37,88 +40,55 @@ fn connect(server: &RedisServer) -> Connection {
         .unwrap()
 }
 
-/// Runs a script by EVALSHA (loading it first when needed) with the common ARGV.
-fn eval(conn: &mut Connection, algorithm: Algorithm, key: &str, argv: &[&str]) -> Vec<i64> {
-    let scripts = ScriptSet::new();
-    let mut invocation = scripts.get(algorithm).key(key);
-    for arg in argv {
-        invocation.arg(*arg);
-    }
-    invocation.invoke(conn).unwrap()
+/// Runs the script of `argv`'s algorithm by EVALSHA (loading it first when needed), with
+/// the pinned time after the ARGV when `scripts` is pinned.
+fn eval(conn: &mut Connection, scripts: &ScriptSet, key: &str, argv: Argv) -> Vec<i64> {
+    scripts
+        .get(argv.policy.algorithm)
+        .key(key)
+        .arg(argv)
+        .arg(scripts.pinned_now())
+        .invoke(conn)
+        .unwrap()
 }
 
-/// `charge n` with W, L, B, consume, lockout.
-fn charge(
-    conn: &mut Connection,
-    algorithm: Algorithm,
-    key: &str,
-    n: u64,
-    (w, l, b): (u64, u64, u64),
-    consume: bool,
-    lockout_ms: u64,
-) -> Reply {
-    let args = [
-        "charge".to_owned(),
-        n.to_string(),
-        w.to_string(),
-        l.to_string(),
-        b.to_string(),
-        if consume { "1" } else { "0" }.to_owned(),
-        lockout_ms.to_string(),
-        "0".to_owned(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let v = eval(conn, algorithm, key, &args);
+/// `charge n` under `policy`.
+fn charge(conn: &mut Connection, scripts: &ScriptSet, key: &str, n: u64, policy: Policy) -> Reply {
+    let v = eval(conn, scripts, key, Argv::charge(n, policy));
     assert_eq!(v.len(), 5, "{v:?}");
     assert!(v[0] == 0 || v[0] == 1);
     assert!(v[4] == 0 || v[4] == 1);
     Reply {
         allowed: v[0] == 1,
-        remaining: v[1],
-        reset_ms: v[2],
+        remaining: u64::try_from(v[1]).unwrap(),
+        reset_ms: u64::try_from(v[2]).unwrap(),
         now_ms: v[3],
         booked: v[4] == 1,
     }
 }
 
-/// A refund with a fresh id.
+/// A refund with a fresh id; whether it changed the bucket.
 fn refund(
     conn: &mut Connection,
-    algorithm: Algorithm,
+    scripts: &ScriptSet,
     key: &str,
     n: u64,
-    p: (u64, u64, u64),
+    policy: Policy,
     booked_at: i64,
 ) -> bool {
     static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    refund_with_id(conn, algorithm, key, n, p, booked_at, id)
-}
-
-fn refund_with_id(
-    conn: &mut Connection,
-    algorithm: Algorithm,
-    key: &str,
-    n: u64,
-    (w, l, b): (u64, u64, u64),
-    booked_at: i64,
-    id: u64,
-) -> bool {
-    let args = [
-        "refund".to_owned(),
-        n.to_string(),
-        w.to_string(),
-        l.to_string(),
-        b.to_string(),
-        "0".to_owned(),
-        "0".to_owned(),
-        booked_at.to_string(),
-        id.to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let v = eval(conn, algorithm, key, &args);
+    let v = eval(conn, scripts, key, Argv::refund(n, policy, booked_at, id));
     assert_eq!(v.len(), 2, "{v:?}");
     v[0] == 1
+}
+
+/// `algorithm` with `limit` per `unit`, burst `limit`.
+fn policy(algorithm: Algorithm, limit: u32, unit: Unit) -> Policy {
+    Policy {
+        algorithm,
+        ..Policy::fixed_window(limit, unit)
+    }
 }
 
 /// Writes since the server started: `rdb_changes_since_last_save` counts every change to
@@ -131,264 +101,62 @@ fn writes(server: &RedisServer) -> u64 {
         .unwrap()
 }
 
-/// Whether every instant lies in one window of `w` ms. Real time can cross a boundary
-/// mid-sequence; tests then run the sequence again on a fresh key (a few times at most).
-fn one_window(w: i64, nows: &[i64]) -> bool {
-    nows.iter().all(|now| now / w == nows[0] / w)
-}
-
-const ROUNDS: usize = 5;
-
-#[test]
-fn fixed_window_spec_vector() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    let w = 60_000;
-    let p = (60_000, 5, 5);
-    let fw = Algorithm::FixedWindow;
-    for round in 0..=ROUNDS {
-        assert!(round < ROUNDS, "every round crossed a window boundary");
-        let key = format!("fg:{{fixed-{round}}}");
-        let end = |now: i64| (now / w + 1) * w - now;
-        let a = charge(&mut conn, fw, &key, 2, p, false, 0);
-        let b = charge(&mut conn, fw, &key, 4, p, false, 0);
-        let c = charge(&mut conn, fw, &key, 3, p, false, 0);
-        let d = charge(&mut conn, fw, &key, 0, p, false, 0);
-        if !one_window(w, &[a.now_ms, b.now_ms, c.now_ms, d.now_ms]) {
-            continue;
-        }
-        assert!(a.allowed && a.booked);
-        assert_eq!((a.remaining, a.reset_ms), (3, end(a.now_ms)));
-        assert!(!b.allowed && !b.booked, "{b:?}");
-        assert_eq!((b.remaining, b.reset_ms), (0, end(b.now_ms)));
-        assert!(c.allowed);
-        assert_eq!((c.remaining, c.reset_ms), (0, end(c.now_ms)));
-        assert!(!d.allowed && !d.booked);
-        assert_eq!((d.remaining, d.reset_ms), (0, end(d.now_ms)));
-        break;
+/// The bucket's lock as the script stores it (docs/algorithms.md#lockout): the `lk` field,
+/// or the sliding log's `lock` member scored `-locked_until`; 0 when there is none.
+fn locked_until(conn: &mut Connection, algorithm: Algorithm, key: &str) -> i64 {
+    if algorithm == Algorithm::SlidingLog {
+        let score: Option<f64> = conn.zscore(key, "lock").unwrap();
+        score.map_or(0, |s| -s as i64)
+    } else {
+        let lk: Option<i64> = conn.hget(key, "lk").unwrap();
+        lk.unwrap_or(0)
     }
-
-    // "next window n=1 OK rem 4": seed a full previous window instead of waiting a minute.
-    let key = "fg:{fixed-next}";
-    let now = charge(&mut conn, fw, key, 0, p, false, 0).now_ms;
-    let _: () = conn
-        .hset_multiple(key, &[("w", now / w - 1), ("c", 5), ("lk", 0)])
-        .unwrap();
-    let next = charge(&mut conn, fw, key, 1, p, false, 0);
-    assert!(next.allowed);
-    assert_eq!(next.remaining, 4);
 }
 
+/// Every vector of the table on the Lua scripts, each on its own key of one server: the same
+/// steps and expectations that tests/algorithms.rs runs on the Rust algorithms.
 #[test]
-fn token_bucket_spec_vectors() {
+fn every_vector_holds_on_the_lua_scripts() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    let tb = Algorithm::TokenBucket;
-    // L = 60/minute, B = 60: U = 1000 units per request, leak 1 unit per ms, C = 60000.
-    let p = (60_000, 60, 60);
-    let key = "fg:{tb-minute}";
-    let a = charge(&mut conn, tb, key, 10, p, false, 0);
-    assert!(a.allowed);
-    assert_eq!((a.remaining, a.reset_ms), (50, 10_000));
-    let b = charge(&mut conn, tb, key, 51, p, false, 0);
-    let dt = b.now_ms - a.now_ms;
-    assert!(!b.allowed && !b.booked);
-    assert_eq!(b.reset_ms, 1_000 - dt, "until 1000 units leaked");
-    let c = charge(&mut conn, tb, key, 50, p, false, 0);
-    let dt = c.now_ms - a.now_ms;
-    assert!(c.allowed);
-    assert_eq!(c.remaining, dt / 1_000);
-    assert_eq!(c.reset_ms, 60_000 - dt);
-    assert_eq!((c.reset_ms + 999) / 1000, 60);
-
-    // "+30500 ms": a full bucket stored 30.5 s ago holds 29500 units now.
-    let _: () = conn
-        .hset_multiple(key, &[("u", 60_000), ("t", c.now_ms - 30_500), ("lk", 0)])
-        .unwrap();
-    let d = charge(&mut conn, tb, key, 31, p, false, 0);
-    let dt = d.now_ms - c.now_ms;
-    assert!(!d.allowed);
-    assert_eq!(d.reset_ms, 500 - dt);
-    let e = charge(&mut conn, tb, key, 30, p, false, 0);
-    let dt = e.now_ms - c.now_ms;
-    assert!(e.allowed);
-    assert_eq!((e.remaining, e.reset_ms), (0, 59_500 - dt));
-
-    // L = 10/second: ten at once, then the eleventh waits ~100 ms. One pipeline keeps the
-    // leak between them well under one request's 100 units.
-    let key = "fg:{tb-second}";
-    let scripts = ScriptSet::new();
-    let _: String = scripts.get(tb).load(&mut conn).unwrap();
-    let mut pipe = redis::pipe();
-    for _ in 0..11 {
-        pipe.cmd("EVALSHA")
-            .arg(scripts.get(tb).get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(&["charge", "1", "1000", "10", "10", "0", "0", "0"]);
-    }
-    let replies: Vec<Vec<i64>> = pipe.query(&mut conn).unwrap();
-    let span = replies[10][3] - replies[0][3];
-    assert!(span < 100, "pipeline took {span} ms");
-    for (i, r) in replies[..10].iter().enumerate() {
-        assert_eq!((r[0], r[1]), (1, 9 - i as i64), "request {i}");
-    }
-    assert_eq!(replies[10][0], 0);
-    assert_eq!(replies[10][2], 100 - span);
-}
-
-/// Issue 9's example, L = 10/s, B = 10 (U = 100 units, leak 1 per ms): X books 1 at t,
-/// Y books 9 at t + 100 ms, so the bucket holds Y's 900 units. X's refund at t + 100 ms
-/// gives nothing back (X's units leaked meanwhile): one request fits, as without X.
-#[test]
-fn token_bucket_refund_gives_back_nothing_that_has_leaked() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    let tb = Algorithm::TokenBucket;
-    let p = (1_000, 10, 10);
-    let key = "fg:{tb-refund}";
-    let now = charge(&mut conn, tb, key, 0, p, false, 0).now_ms;
-    let _: () = conn
-        .hset_multiple(key, &[("u", 900), ("t", now), ("lk", 0)])
-        .unwrap();
-    assert!(!refund(&mut conn, tb, key, 1, p, now - 100));
-    let peek = charge(&mut conn, tb, key, 0, p, false, 0);
-    assert_eq!(peek.remaining, 1 + (peek.now_ms - now) / 100);
-    // A booking that has not leaked at all comes back whole.
-    let y = charge(&mut conn, tb, key, 1, p, false, 0);
-    assert!(refund(&mut conn, tb, key, 1, p, y.now_ms + 1_000));
-    let after = charge(&mut conn, tb, key, 0, p, false, 0);
-    assert_eq!(after.remaining, 1 + (after.now_ms - now) / 100);
-}
-
-#[test]
-fn sliding_window_seeded_vector() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    let sw = Algorithm::SlidingWindow;
-    let (w, l) = (60_000i64, 10i64);
-    let p = (60_000, 10, 10);
-    // p = 8, c = 3 in the current window; e is wherever the clock is.
-    for round in 0..=ROUNDS {
-        assert!(round < ROUNDS, "every round crossed a window boundary");
-        let key = format!("fg:{{sw-{round}}}");
-        let now = charge(&mut conn, sw, &key, 0, p, false, 0).now_ms;
-        let _: () = conn
-            .hset_multiple(&key, &[("w", now / w), ("c", 3), ("p", 8), ("lk", 0)])
-            .unwrap();
-        let a = charge(&mut conn, sw, &key, 1, p, false, 0);
-        let b = charge(&mut conn, sw, &key, 1, p, false, 0);
-        if !one_window(w, &[now, a.now_ms, b.now_ms]) {
-            continue;
-        }
-        let elapsed = |r: &Reply| r.now_ms - (r.now_ms / w) * w;
-        let weight = |r: &Reply| 8 * (w - elapsed(r));
-        if weight(&a) + 4 * w <= l * w {
-            // e >= 15000, as in docs/algorithms.md#test-vectors (e = 15000 gives remaining 0 and
-            // R = 45000).
-            assert!(a.allowed, "{a:?}");
-            assert_eq!(a.remaining, (l * w - weight(&a) - 4 * w) / w);
-            assert_eq!(a.reset_ms, w - elapsed(&a));
-            if weight(&b) + 5 * w > l * w {
-                assert!(!b.allowed);
-                // ceil((p*(W-e) - (L-c-n)*W) / p): 7500 at e = 15000.
-                assert_eq!(b.reset_ms, (weight(&b) - 5 * w + 7) / 8);
-            } else {
-                assert!(b.allowed);
+    let clock = Arc::new(ManualClock::new(START));
+    let scripts = ScriptSet::pinned(clock.clone());
+    for (n, case) in vectors::cases().into_iter().enumerate() {
+        let key = format!("fg:{{vector-{n}}}");
+        let policy = case.policy;
+        for (i, step) in case.steps.iter().enumerate() {
+            let context = format!("{}, step {}", case.name, i + 1);
+            clock.set(step.at_ms);
+            let before = writes(&server);
+            let (mut seen, refund_changed) = match step.action {
+                Action::Charge(cost) => {
+                    let r = charge(&mut conn, &scripts, &key, cost, policy);
+                    assert_eq!(r.now_ms, step.at_ms, "{context}: the pinned time");
+                    let seen = Observed {
+                        allowed: Some(r.allowed),
+                        remaining: Some(r.remaining),
+                        reset_ms: Some(r.reset_ms),
+                        booked: Some(r.booked),
+                        ..Observed::default()
+                    };
+                    (seen, None)
+                }
+                Action::Refund { cost, booked_at_ms } => {
+                    let changed = refund(&mut conn, &scripts, &key, cost, policy, booked_at_ms);
+                    (Observed::default(), Some(changed))
+                }
+            };
+            seen.changed = writes(&server) != before;
+            if let Some(changed) = refund_changed {
+                assert_eq!(changed, seen.changed, "{context}: reply vs writes");
             }
-        } else {
-            assert!(!a.allowed && !a.booked, "{a:?}");
-            assert_eq!(a.reset_ms, (weight(&a) - 6 * w + 7) / 8);
+            seen.locked_until_ms = locked_until(&mut conn, policy.algorithm, &key);
+            seen.expires_at_ms = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap();
+            step.expect.check(&seen, &context);
         }
-        break;
-    }
-}
-
-#[test]
-fn sliding_log_admits_exactly_and_waits_for_the_oldest() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    let sl = Algorithm::SlidingLog;
-    let p = (60_000, 5, 5);
-    let key = "fg:{log}";
-    let a = charge(&mut conn, sl, key, 2, p, false, 0);
-    assert!(a.allowed);
-    assert_eq!((a.remaining, a.reset_ms), (3, 60_000));
-    let b = charge(&mut conn, sl, key, 3, p, false, 0);
-    assert_eq!((b.allowed, b.remaining, b.reset_ms), (true, 0, 60_000));
-    // One unit must leave: the oldest two were booked at a.now_ms.
-    let c = charge(&mut conn, sl, key, 1, p, false, 0);
-    assert!(!c.allowed && !c.booked);
-    assert_eq!(c.reset_ms, a.now_ms + 60_000 - c.now_ms);
-    // Three must leave: the third oldest unit is from b.
-    let d = charge(&mut conn, sl, key, 3, p, false, 0);
-    assert_eq!(d.reset_ms, b.now_ms + 60_000 - d.now_ms);
-    // Never fits: until the newest leaves.
-    let e = charge(&mut conn, sl, key, 6, p, false, 0);
-    assert_eq!(e.reset_ms, b.now_ms + 60_000 - e.now_ms);
-    // Refund of b gives its three units back.
-    assert!(refund(&mut conn, sl, key, 3, p, b.now_ms));
-    let f = charge(&mut conn, sl, key, 0, p, false, 0);
-    assert_eq!((f.allowed, f.remaining), (true, 3));
-    assert_eq!(f.reset_ms, a.now_ms + 60_000 - f.now_ms);
-    // Bookings older than W are not live: a seeded old one (counted in the total) does not
-    // count, and the next call drops it.
-    let _: () = conn
-        .zadd(key, format!("{}:1", f.now_ms - 60_000), f.now_ms - 60_000)
-        .unwrap();
-    let _: f64 = conn.zincr(key, "total", -1).unwrap();
-    let g = charge(&mut conn, sl, key, 0, p, false, 0);
-    assert_eq!(g.remaining, 3);
-    let old: Option<f64> = conn
-        .zscore(key, format!("{}:1", f.now_ms - 60_000))
-        .unwrap();
-    assert_eq!(old, None);
-    let total: Option<f64> = conn.zscore(key, "total").unwrap();
-    assert_eq!(total, Some(-2.0));
-}
-
-#[test]
-fn lockout_denies_for_its_length_and_consume_books_denials() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    for algorithm in ALL {
-        let p = (60_000, 2, 2);
-        let key = format!("fg:{{lock-{algorithm}}}");
-        assert!(charge(&mut conn, algorithm, &key, 2, p, false, 90_000).allowed);
-        let trip = charge(&mut conn, algorithm, &key, 1, p, false, 90_000);
-        assert!(!trip.allowed && !trip.booked, "{algorithm}: {trip:?}");
-        assert_eq!(trip.reset_ms, 90_000, "{algorithm}");
-        let locked = charge(&mut conn, algorithm, &key, 0, p, false, 90_000);
-        assert!(!locked.allowed);
-        assert_eq!(locked.reset_ms, 90_000 - (locked.now_ms - trip.now_ms));
-        // Denials during the lock do not extend it.
-        let again = charge(&mut conn, algorithm, &key, 1, p, false, 90_000);
-        assert_eq!(again.reset_ms, 90_000 - (again.now_ms - trip.now_ms));
-        // The key outlives the lock (and a sliding window's two windows).
-        let ttl: i64 = conn.pttl(&key).unwrap();
-        let lock_left = 90_000 - (again.now_ms - trip.now_ms);
-        assert!(
-            ttl >= lock_left - 50 && ttl <= 120_000,
-            "{algorithm}: ttl {ttl}"
-        );
-    }
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-        Algorithm::SlidingWindow,
-    ] {
-        let p = (60_000, 2, 2);
-        let key = format!("fg:{{consume-{algorithm}}}");
-        assert!(charge(&mut conn, algorithm, &key, 2, p, true, 0).allowed);
-        let over = charge(&mut conn, algorithm, &key, 1, p, true, 0);
-        assert!(!over.allowed && over.booked, "{algorithm}: {over:?}");
-        // A bigger-than-burst cost never fits: the token bucket books nothing then.
-        let huge = charge(&mut conn, algorithm, &key, 3, p, true, 0);
-        assert_eq!(
-            huge.booked,
-            algorithm != Algorithm::TokenBucket,
-            "{algorithm}"
-        );
     }
 }
 
@@ -396,10 +164,11 @@ fn lockout_denies_for_its_length_and_consume_books_denials() {
 fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    for algorithm in ALL {
+    let scripts = ScriptSet::new();
+    for algorithm in Algorithm::ALL {
         let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
         let key = format!("fg:{{ttl-{algorithm}}}");
-        let p = (1_000, 3, 3);
+        let p = policy(algorithm, 3, Unit::Second);
         let mut booked_at = Vec::new();
         // Allow, deny, peek, consume, lockout and refunds, checking the key after each.
         let steps: [(u64, bool, u64); 7] = [
@@ -412,14 +181,23 @@ fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
             (0, false, 4_000),
         ];
         for (n, consume, lockout) in steps {
-            let r = charge(&mut conn, algorithm, &key, n, p, consume, lockout);
+            let step = Policy {
+                on_over_limit: if consume {
+                    OnOverLimit::Consume
+                } else {
+                    OnOverLimit::Reject
+                },
+                lockout: Some(Duration::from_millis(lockout)).filter(|_| lockout > 0),
+                ..p
+            };
+            let r = charge(&mut conn, &scripts, &key, n, step);
             if r.booked {
                 booked_at.push((n, r.now_ms));
             }
             check_key(&mut conn, &key, 4_000 + 2 * 1_000);
         }
         for (n, at) in booked_at {
-            refund(&mut conn, algorithm, &key, n, p, at);
+            refund(&mut conn, &scripts, &key, n, p, at);
             check_key(&mut conn, &key, 4_000 + 2 * 1_000);
         }
     }
@@ -434,55 +212,47 @@ fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
     }
 }
 
+/// Bookings older than W are not live: a seeded old one (counted in the total) does not
+/// count, and the next call drops it, total included.
 #[test]
-fn peeks_and_rejected_denials_write_nothing() {
+fn sliding_log_drops_members_that_left_the_window() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    for algorithm in ALL {
-        let key = format!("fg:{{quiet-{algorithm}}}");
-        let p = (60_000, 2, 2);
-        assert!(charge(&mut conn, algorithm, &key, 2, p, false, 0).allowed);
-        let before = writes(&server);
-        let peek = charge(&mut conn, algorithm, &key, 0, p, false, 0);
-        let deny = charge(&mut conn, algorithm, &key, 1, p, false, 0);
-        let huge = charge(&mut conn, algorithm, &key, 3, p, false, 0);
-        assert!(!peek.allowed && !deny.allowed && !huge.allowed);
-        assert_eq!(
-            writes(&server),
-            before,
-            "{algorithm} wrote on a peek or denial"
-        );
-        // An empty bucket is not created by a peek either.
-        let _ = charge(&mut conn, algorithm, "fg:{never}", 0, p, false, 0);
-        let exists: bool = conn.exists("fg:{never}").unwrap();
-        assert!(!exists);
-    }
+    let clock = Arc::new(ManualClock::new(START));
+    let scripts = ScriptSet::pinned(clock.clone());
+    let p = policy(Algorithm::SlidingLog, 5, Unit::Minute);
+    let key = "fg:{log}";
+    assert!(charge(&mut conn, &scripts, key, 2, p).allowed);
+    clock.set(START + 10_000);
+    let old = START + 10_000 - 60_000;
+    let _: () = conn.zadd(key, format!("{old}:1"), old).unwrap();
+    let _: f64 = conn.zincr(key, "total", -1).unwrap();
+    let g = charge(&mut conn, &scripts, key, 0, p);
+    assert_eq!(g.remaining, 3);
+    let gone: Option<f64> = conn.zscore(key, format!("{old}:1")).unwrap();
+    assert_eq!(gone, None);
+    let total: Option<f64> = conn.zscore(key, "total").unwrap();
+    assert_eq!(total, Some(-2.0));
 }
 
-#[test]
-fn refunds_undo_only_their_own_booking() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    for algorithm in ALL {
-        let key = format!("fg:{{refund-{algorithm}}}");
-        let p = (3_600_000, 4, 4);
-        let a = charge(&mut conn, algorithm, &key, 3, p, false, 0);
-        assert!(a.allowed);
-        assert!(!charge(&mut conn, algorithm, &key, 2, p, false, 0).allowed);
-        assert!(refund(&mut conn, algorithm, &key, 2, p, a.now_ms));
-        let peek = charge(&mut conn, algorithm, &key, 0, p, false, 0);
-        // The token bucket leaks a little meanwhile; at one request per 900 ms it is still
-        // 3 after a few ms.
-        assert_eq!(peek.remaining, 3, "{algorithm}");
-        // A refund naming a booking from an hour-old window changes nothing (in the token
-        // bucket: everything it booked has leaked since).
-        let stale = refund(&mut conn, algorithm, &key, 1, p, a.now_ms - 3_600_000);
-        assert!(!stale, "{algorithm}");
-        // Refunding into an empty bucket is a no-op that creates nothing.
-        assert!(!refund(&mut conn, algorithm, "fg:{none}", 1, p, a.now_ms));
-        let exists: bool = conn.exists("fg:{none}").unwrap();
-        assert!(!exists);
-    }
+/// The ARGV of a valid charge (cost 5, W = 1000, L = 2, B = 3) with the word `from` (one
+/// field's value, unique among the words) replaced by `to`, or dropped for `None`.
+fn spoiled(argv: Argv, from: &str, to: Option<&str>) -> Vec<String> {
+    let words: Vec<String> = redis::ToRedisArgs::to_redis_args(&argv)
+        .into_iter()
+        .map(|w| String::from_utf8(w).unwrap())
+        .collect();
+    assert_eq!(words.iter().filter(|w| *w == from).count(), 1, "{from}");
+    words
+        .into_iter()
+        .filter_map(|w| {
+            if w == from {
+                to.map(String::from)
+            } else {
+                Some(w)
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -490,44 +260,47 @@ fn bad_arguments_are_errors_not_decisions() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
     let scripts = ScriptSet::new();
-    for algorithm in ALL {
-        let bad: [&[&str]; 5] = [
-            &["charge", "x", "1000", "1", "1", "0", "0", "0"],
-            &["charge", "1", "0", "1", "1", "0", "0", "0"],
-            &["charge", "1", "1000", "0", "1", "0", "0", "0"],
-            &["charge", "-1", "1000", "1", "1", "0", "0", "0"],
-            &["launch", "1", "1000", "1", "1", "0", "0", "0"],
-        ];
-        for argv in bad {
-            let mut invocation = scripts.get(algorithm).key("fg:{bad}");
-            for a in argv {
-                invocation.arg(*a);
-            }
-            let result: redis::RedisResult<Vec<i64>> = invocation.invoke(&mut conn);
-            let err = result.expect_err(&format!("{algorithm} accepted {argv:?}"));
+    let run = |conn: &mut Connection, algorithm, argv: &[String]| {
+        let mut invocation = scripts.get(algorithm).key("fg:{bad}");
+        invocation.arg(argv);
+        invocation.invoke::<Vec<i64>>(conn)
+    };
+    for algorithm in Algorithm::ALL {
+        let p = Policy {
+            burst: 3,
+            ..policy(algorithm, 2, Unit::Second)
+        };
+        let valid = Argv::charge(5, p);
+        // Cost not a number, W = 0, L = 0, negative cost, unknown op.
+        for (from, to) in [
+            ("5", "x"),
+            ("1000", "0"),
+            ("2", "0"),
+            ("5", "-1"),
+            ("charge", "launch"),
+        ] {
+            let argv = spoiled(valid, from, Some(to));
+            let err = run(&mut conn, algorithm, &argv)
+                .expect_err(&format!("{algorithm} accepted {argv:?}"));
             assert!(err.to_string().contains("floodgate"), "{err}");
         }
-    }
-    let mut invocation = scripts.get(Algorithm::SlidingLog).key("fg:{bad}");
-    invocation.arg(&["charge", "1", "1000", "10001", "1", "0", "0", "0"]);
-    assert!(invocation.invoke::<Vec<i64>>(&mut conn).is_err());
-    // A refund needs an id of decimal digits.
-    for algorithm in ALL {
+        // A refund needs an id of decimal digits.
+        let refund = Argv::refund(1, p, 0, 424_242);
         for id in [None, Some(""), Some("x1"), Some("123456789012345678901")] {
-            let mut invocation = scripts.get(algorithm).key("fg:{bad}");
-            invocation.arg(&["refund", "1", "1000", "1", "1", "0", "0", "0"]);
-            if let Some(id) = id {
-                invocation.arg(id);
-            }
-            let err = invocation.invoke::<Vec<i64>>(&mut conn).expect_err("no id");
+            let argv = spoiled(refund, "424242", id);
+            let err = run(&mut conn, algorithm, &argv).expect_err("no id");
             assert!(err.to_string().contains("refund id"), "{algorithm}: {err}");
         }
     }
+    let too_long = Argv::charge(1, policy(Algorithm::SlidingLog, 10_001, Unit::Second));
+    let mut invocation = scripts.get(Algorithm::SlidingLog).key("fg:{bad}");
+    invocation.arg(too_long);
+    assert!(invocation.invoke::<Vec<i64>>(&mut conn).is_err());
 }
 
 #[test]
 fn scripts_use_no_float_replies_or_undeclared_keys() {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let src = source(algorithm);
         // Every access goes through `key` (KEYS[1]); no second key, no clock-derived key.
         assert_eq!(
@@ -603,7 +376,7 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
         algorithm,
         ..Policy::fixed_window(5, Unit::Hour)
     };
-    let charges: Vec<Charge> = ALL
+    let charges: Vec<Charge> = Algorithm::ALL
         .iter()
         .map(|&a| Charge {
             bucket: BucketKey::new("api", "flush", [("k", "v")], &policy(a)),
@@ -616,7 +389,8 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
         redis::cmd("SCRIPT")
             .arg("EXISTS")
             .arg(
-                ALL.map(|a| ScriptSet::new().get(a).get_hash().to_owned())
+                Algorithm::ALL
+                    .map(|a| ScriptSet::new().get(a).get_hash().to_owned())
                     .to_vec(),
             )
             .query(conn)
@@ -632,7 +406,7 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
     server.cli(&["SCRIPT", "FLUSH"]);
     // The batch script is unknown now: NOSCRIPT means it did not run, and EVAL runs it once.
     let second = backend.charge(&charges).await.unwrap();
-    for (o, a) in second.iter().zip(ALL) {
+    for (o, a) in second.iter().zip(Algorithm::ALL) {
         assert_eq!(o.remaining, 3, "{a} booked once");
     }
     let batch_known: Vec<bool> = redis::cmd("SCRIPT")
@@ -647,29 +421,20 @@ async fn script_flush_is_reloaded_transparently_without_double_booking() {
     );
 }
 
+/// The table's thousands-of-units vector checks the answers; here the stored members.
 #[test]
-fn sliding_log_books_and_refunds_thousands_of_units_at_once() {
+fn sliding_log_keeps_one_member_per_booking_whatever_its_cost() {
     // Lua's unpack caps the arguments of one call; the script slices ZADD and ZREM.
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    let sl = Algorithm::SlidingLog;
-    let p = (60_000, 10_000, 10_000);
+    let scripts = ScriptSet::new();
+    let p = policy(Algorithm::SlidingLog, 10_000, Unit::Minute);
     let key = "fg:{big-log}";
-    let a = charge(&mut conn, sl, key, 9_999, p, false, 0);
-    assert!(a.allowed);
-    assert_eq!(a.remaining, 1);
-    let b = charge(&mut conn, sl, key, 1, p, false, 0);
-    assert_eq!((b.allowed, b.remaining), (true, 0));
+    assert!(charge(&mut conn, &scripts, key, 9_999, p).allowed);
+    assert!(charge(&mut conn, &scripts, key, 1, p).allowed);
     // One member per booking (two here, or one when both came in the same ms) and the total.
     let members: u64 = conn.zcard(key).unwrap();
     assert!(members <= 3, "{members} members");
-    assert!(refund(&mut conn, sl, key, 9_999, p, a.now_ms));
-    let peek = charge(&mut conn, sl, key, 0, p, false, 0);
-    assert_eq!(peek.remaining, 9_999);
-    // A full-limit request must wait for the one live unit (b) to leave.
-    let over = charge(&mut conn, sl, key, 10_000, p, false, 0);
-    assert!(!over.allowed);
-    assert_eq!(over.reset_ms, b.now_ms + 60_000 - over.now_ms);
 }
 
 /// Issue 9 item 2: a cost-10,000 booking on a 10,000/hour sliding log is one member, not
@@ -679,15 +444,8 @@ fn sliding_log_memory_does_not_grow_with_the_cost() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
     let key = "fg:{log-memory}";
-    let booked = charge(
-        &mut conn,
-        Algorithm::SlidingLog,
-        key,
-        10_000,
-        (3_600_000, 10_000, 10_000),
-        false,
-        0,
-    );
+    let p = policy(Algorithm::SlidingLog, 10_000, Unit::Hour);
+    let booked = charge(&mut conn, &ScriptSet::new(), key, 10_000, p);
     assert!(booked.allowed && booked.booked);
     let bytes: u64 = redis::cmd("MEMORY")
         .arg("USAGE")
@@ -701,7 +459,7 @@ fn sliding_log_memory_does_not_grow_with_the_cost() {
 /// algorithm, on any backend. Two bookings of 2 (L = B = 5 per day); the first one's
 /// refund, sent twice, leaves the second booked: 3 remain, not 5.
 async fn refund_applies_once(backend: &dyn Backend) {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let policy = Policy {
             algorithm,
             ..Policy::fixed_window(5, Unit::Day)
@@ -738,41 +496,4 @@ async fn refund_delivered_twice_applies_once_on_redis_and_memory() {
 async fn refund_delivered_twice_applies_once_on_redis_cluster() {
     let cluster = RedisCluster::start_async().await;
     refund_applies_once(&cluster.backend().await).await;
-}
-
-/// A charge that only moves the count within its window writes that one field; the expiry
-/// it leaves must still be the state's: the window's end (fixed window) or the next
-/// window's end (sliding window), exactly as a full write sets it.
-#[test]
-fn a_count_only_write_keeps_the_state_expiry() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server);
-    let w: i64 = 60_000;
-    for (algorithm, windows_kept) in [(Algorithm::FixedWindow, 1), (Algorithm::SlidingWindow, 2)] {
-        for round in 0..ROUNDS {
-            let key = format!("fg:{{expiry-{algorithm}-{round}}}");
-            let p = (w as u64, 10, 10);
-            let replies: Vec<Reply> = (0..3)
-                .map(|_| charge(&mut conn, algorithm, &key, 1, p, false, 0))
-                .collect();
-            let nows: Vec<i64> = replies.iter().map(|r| r.now_ms).collect();
-            if !one_window(w, &nows) {
-                continue;
-            }
-            assert!(replies.iter().all(|r| r.allowed && r.booked), "{replies:?}");
-            assert_eq!(replies[2].remaining, 7);
-            let expires: i64 = redis::cmd("PEXPIRETIME")
-                .arg(&key)
-                .query(&mut conn)
-                .unwrap();
-            assert_eq!(expires, (nows[0] / w + windows_kept) * w, "{algorithm}");
-            let count: i64 = redis::cmd("HGET")
-                .arg(&key)
-                .arg("c")
-                .query(&mut conn)
-                .unwrap();
-            assert_eq!(count, 3, "{algorithm}");
-            break;
-        }
-    }
 }

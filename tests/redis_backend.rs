@@ -170,12 +170,7 @@ async fn exactly_the_limit_is_admitted(backends: &[Arc<dyn Backend>], algorithm:
 }
 
 async fn every_algorithm_admits_exactly_the_limit(backends: &[Arc<dyn Backend>]) {
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ] {
+    for algorithm in Algorithm::ALL {
         exactly_the_limit_is_admitted(backends, algorithm).await;
     }
 }

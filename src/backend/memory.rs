@@ -696,15 +696,7 @@ mod tests {
     #[tokio::test]
     async fn consume_and_every_algorithm_run_through_the_backend() {
         let (backend, _) = backend(1000);
-        for (i, algorithm) in [
-            Algorithm::FixedWindow,
-            Algorithm::TokenBucket,
-            Algorithm::SlidingWindow,
-            Algorithm::SlidingLog,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
             let mut policy = Policy::fixed_window(3, Unit::Minute);
             policy.algorithm = algorithm;
             let i = i as u64;

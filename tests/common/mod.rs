@@ -1,10 +1,11 @@
 //! Shared fixtures: a floodgate server on 127.0.0.1 port 0 over a temporary config directory,
 //! and an Envoy-side client built from the independent `envoy-types` protos; real
-//! `redis-server` nodes and clusters in `redis`.
+//! `redis-server` nodes and clusters in `redis`; the algorithm test vectors in `vectors`.
 #![allow(dead_code)]
 
 pub mod pki;
 pub mod redis;
+pub mod vectors;
 
 use std::path::Path;
 use std::time::Duration;

@@ -71,6 +71,16 @@ impl ClusterBackend {
         urls: &[String],
         options: RedisOptions,
     ) -> Result<ClusterBackend, BackendError> {
+        ClusterBackend::connect_with_scripts(urls, options, ScriptSet::new()).await
+    }
+
+    /// `connect` with the given scripts: tests pass a pinned set (`ScriptSet::pinned`).
+    #[doc(hidden)]
+    pub async fn connect_with_scripts(
+        urls: &[String],
+        options: RedisOptions,
+        scripts: ScriptSet,
+    ) -> Result<ClusterBackend, BackendError> {
         options.validate()?;
         if urls.is_empty() {
             return Err(config_error("no cluster seed URL"));
@@ -102,7 +112,7 @@ impl ClusterBackend {
         };
         let backend = Cluster {
             conn,
-            scripts: ScriptSet::new(),
+            scripts,
             options,
             secrets,
         };

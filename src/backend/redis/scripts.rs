@@ -7,13 +7,33 @@
 //! the node that owns the key. A retry never repeats a call that ran: `NOSCRIPT` means the
 //! script did not start.
 
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
 
+use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
+
+use crate::backend::memory::Clock;
 use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
-/// An algorithm's code: its name, the shared head (arguments), the algorithm, and the shared tail (the order of `Bucket::decide`: peek, lock, algorithm,
-/// lockout), so what all four share is written once. It expects `once_per_call!` before it.
+/// The first line of every script: the server clock, read once per call as `CLOCK`
+/// (`{seconds, microseconds}`), so all the buckets a batch decides see the same instant and
+/// a batch pays for one `TIME`.
+macro_rules! clock {
+    () => {
+        "local CLOCK = redis.call('TIME')\n"
+    };
+}
+
+/// What a pinned set (`ScriptSet::pinned`) reads instead of `clock!()`: the time in ms that
+/// each of its calls appends as the last ARGV word, split as `TIME` splits it.
+const PINNED_CLOCK: &str = "local CLOCK = {math.floor(tonumber(ARGV[#ARGV]) / 1000), \
+    tonumber(ARGV[#ARGV]) % 1000 * 1000}\n";
+
+/// An algorithm's code: its name, the shared head (arguments), the algorithm, and the shared
+/// tail (the order of `Bucket::decide`: peek, lock, algorithm, lockout), so what all four
+/// share is written once. It expects `once_per_call!` before it.
 macro_rules! algorithm {
     ($name:literal) => {
         concat!(
@@ -27,15 +47,12 @@ macro_rules! algorithm {
     };
 }
 
-/// What every script runs once per call, before any bucket: the server clock, read once as
-/// `CLOCK` (all the buckets a batch decides see the same instant, and a batch pays for one
-/// `TIME`), and the helpers of lua/lib.lua, defined once however many buckets follow.
+/// What every script runs once per call, before any bucket: the clock, then the helpers of
+/// lua/lib.lua (the clock as `now`, integer and refund-id helpers), defined once however
+/// many buckets follow.
 macro_rules! once_per_call {
     () => {
-        concat!(
-            "local CLOCK = redis.call('TIME')\n",
-            include_str!("../../../lua/lib.lua"),
-        )
+        concat!(clock!(), include_str!("../../../lua/lib.lua"))
     };
 }
 
@@ -60,7 +77,7 @@ macro_rules! batch_entry {
 }
 
 /// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
-/// `ALGORITHMS` below, sharing one clock reading.
+/// `Algorithm::ALL`, sharing one clock reading.
 const BATCH: &str = concat!(
     once_per_call!(),
     "local ALGORITHMS = {}\n",
@@ -76,16 +93,9 @@ const TOKEN_BUCKET: &str = script!("token_bucket");
 const SLIDING_WINDOW: &str = script!("sliding_window");
 const SLIDING_LOG: &str = script!("sliding_log");
 
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::TokenBucket,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
-
-/// The batch script's number for `algorithm` (its index in `ALGORITHMS`, from 1).
+/// The batch script's number for `algorithm` (its index in `Algorithm::ALL`, from 1).
 fn batch_index(algorithm: Algorithm) -> usize {
-    ALGORITHMS
+    Algorithm::ALL
         .iter()
         .position(|&a| a == algorithm)
         .expect("every algorithm is listed")
@@ -103,13 +113,39 @@ pub fn source(algorithm: Algorithm) -> &'static str {
 }
 
 /// One script per algorithm with its SHA-1, computed once when a backend is built.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ScriptSet {
-    fixed_window: redis::Script,
-    token_bucket: redis::Script,
-    sliding_window: redis::Script,
-    sliding_log: redis::Script,
-    batch: redis::Script,
+    fixed_window: Loaded,
+    token_bucket: Loaded,
+    sliding_window: Loaded,
+    sliding_log: Loaded,
+    batch: Loaded,
+    /// Set for a pinned set only: the time its calls append to their ARGV.
+    clock: Option<Arc<dyn Clock>>,
+}
+
+/// A script with its source, which `EVAL` sends after `NOSCRIPT`.
+#[derive(Clone)]
+struct Loaded {
+    script: redis::Script,
+    source: Cow<'static, str>,
+}
+
+impl Loaded {
+    fn new(source: Cow<'static, str>) -> Loaded {
+        Loaded {
+            script: redis::Script::new(&source),
+            source,
+        }
+    }
+}
+
+impl fmt::Debug for ScriptSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptSet")
+            .field("pinned", &self.clock.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ScriptSet {
@@ -119,25 +155,53 @@ impl Default for ScriptSet {
 }
 
 impl ScriptSet {
-    /// Hashes the four scripts.
+    /// Hashes the four scripts and the batch script.
     pub fn new() -> ScriptSet {
-        let script = |algorithm| redis::Script::new(source(algorithm));
+        ScriptSet::with_sources(Cow::Borrowed, None)
+    }
+
+    /// For tests: the same scripts on a clock that only moves when the test moves it. Each
+    /// script's first line (`clock!()`) reads the last ARGV word instead of `TIME`, and every
+    /// call built from this set (`Call`, `BatchCall`, [`ScriptSet::pinned_now`]) appends
+    /// `clock`'s time there, so Redis decides at exactly the instant the Rust algorithms and
+    /// the memory backend are given. The rest of each script is the production text.
+    #[doc(hidden)]
+    pub fn pinned(clock: Arc<dyn Clock>) -> ScriptSet {
+        let pin = |source: &'static str| {
+            let rest = source
+                .strip_prefix(clock!())
+                .expect("every script starts with the clock line");
+            Cow::Owned(format!("{PINNED_CLOCK}{rest}"))
+        };
+        ScriptSet::with_sources(pin, Some(clock))
+    }
+
+    fn with_sources(
+        source_of: impl Fn(&'static str) -> Cow<'static, str>,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> ScriptSet {
+        let script = |algorithm| Loaded::new(source_of(source(algorithm)));
         ScriptSet {
             fixed_window: script(Algorithm::FixedWindow),
             token_bucket: script(Algorithm::TokenBucket),
             sliding_window: script(Algorithm::SlidingWindow),
             sliding_log: script(Algorithm::SlidingLog),
-            batch: redis::Script::new(BATCH),
+            batch: Loaded::new(source_of(BATCH)),
+            clock,
         }
     }
 
     /// The script that decides many requests' items at once (lua/batch.lua).
     pub fn batch(&self) -> &redis::Script {
-        &self.batch
+        &self.batch.script
     }
 
     /// The script that runs `algorithm`.
     pub fn get(&self, algorithm: Algorithm) -> &redis::Script {
+        &self.loaded(algorithm).script
+    }
+
+    fn loaded(&self, algorithm: Algorithm) -> &Loaded {
         match algorithm {
             Algorithm::FixedWindow => &self.fixed_window,
             Algorithm::TokenBucket => &self.token_bucket,
@@ -146,9 +210,15 @@ impl ScriptSet {
         }
     }
 
+    /// The word a call of a pinned set ends with: the pinned time in ms. `None` (no word)
+    /// for a real set. Tests that invoke a script directly append it after the [`Argv`].
+    pub fn pinned_now(&self) -> Option<i64> {
+        self.clock.as_ref().map(|clock| clock.now_ms())
+    }
+
     /// `SCRIPT LOAD` of every script (a cluster client sends it to every node).
     pub(crate) fn load_commands() -> impl Iterator<Item = Cmd> {
-        ALGORITHMS
+        Algorithm::ALL
             .into_iter()
             .map(source)
             .chain([BATCH])
@@ -171,19 +241,103 @@ pub(crate) enum Via {
 
 impl Via {
     /// `EVALSHA <sha of script>` or `EVAL <source>`, ready for the keys and arguments.
-    fn command(self, script: &redis::Script, source: &str) -> Cmd {
+    fn command(self, loaded: &Loaded) -> Cmd {
         match self {
             Via::Sha => {
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(script.get_hash());
+                cmd.arg(loaded.script.get_hash());
                 cmd
             }
             Via::Source => {
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(source);
+                cmd.arg(&*loaded.source);
                 cmd
             }
         }
+    }
+}
+
+/// What an algorithm script call does (ARGV[1], and ARGV[8..=9] of a refund).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Decide a charge of the cost (0: a peek).
+    Charge,
+    /// Give back the cost of a booking.
+    Refund {
+        /// The `now_ms` that the charge being undone replied.
+        booked_at_ms: i64,
+        /// The refund's id: the same id again changes nothing (a re-sent refund).
+        id: u64,
+    },
+}
+
+/// The ARGV of one algorithm script call. Its `ToRedisArgs` writes the words in the order
+/// of the script headers (lua/fixed_window.lua): op, n, W, L, B, consume, lockout,
+/// booked_at, refund id (0 and 0 for a charge). The backends and the tests build every
+/// call from it, so that order is written once in Rust.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Argv {
+    /// Charge or refund.
+    pub op: Op,
+    /// `n`: the cost to charge or give back.
+    pub cost: u64,
+    /// The bucket's policy (W, L, B, consume, lockout).
+    pub policy: Policy,
+}
+
+impl Argv {
+    /// A charge of `cost` (0: a peek).
+    pub fn charge(cost: u64, policy: Policy) -> Argv {
+        Argv {
+            op: Op::Charge,
+            cost,
+            policy,
+        }
+    }
+
+    /// A refund of `cost`, booked at `booked_at_ms`, named `id`.
+    pub fn refund(cost: u64, policy: Policy, booked_at_ms: i64, id: u64) -> Argv {
+        Argv {
+            op: Op::Refund { booked_at_ms, id },
+            cost,
+            policy,
+        }
+    }
+}
+
+/// ARGV[2..=7] of an algorithm script, `n W L B consume lockout`: what a decision needs.
+/// The batch script takes the same six per item.
+fn decision_args(cost: u64, policy: &Policy) -> [u64; 6] {
+    [
+        cost,
+        policy.window_ms(),
+        u64::from(policy.requests_per_unit),
+        u64::from(policy.burst),
+        u64::from(policy.on_over_limit == OnOverLimit::Consume),
+        policy.lockout_ms(),
+    ]
+}
+
+impl ToRedisArgs for Argv {
+    // Numbers are written straight into the command buffer: no string per argument.
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let (op, booked_at_ms, id) = match self.op {
+            Op::Charge => ("charge", 0, 0),
+            Op::Refund { booked_at_ms, id } => ("refund", booked_at_ms, id),
+        };
+        op.write_redis_args(out);
+        for word in decision_args(self.cost, &self.policy) {
+            word.write_redis_args(out);
+        }
+        booked_at_ms.write_redis_args(out);
+        id.write_redis_args(out);
+    }
+
+    fn num_of_args(&self) -> usize {
+        9
     }
 }
 
@@ -191,11 +345,7 @@ impl Via {
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
     key: String,
-    op: &'static str,
-    cost: u64,
-    policy: Policy,
-    booked_at_ms: i64,
-    refund_id: u64,
+    argv: Argv,
 }
 
 impl Call {
@@ -203,11 +353,7 @@ impl Call {
     pub(crate) fn charge(charge: &Charge, prefix: &str) -> Call {
         Call {
             key: charge.bucket.redis_key(prefix),
-            op: "charge",
-            cost: charge.cost,
-            policy: charge.policy,
-            booked_at_ms: 0,
-            refund_id: 0,
+            argv: Argv::charge(charge.cost, charge.policy),
         }
     }
 
@@ -215,32 +361,17 @@ impl Call {
     pub(crate) fn refund(refund: &Refund, prefix: &str) -> Call {
         Call {
             key: refund.bucket.redis_key(prefix),
-            op: "refund",
-            cost: refund.cost,
-            policy: refund.policy,
-            booked_at_ms: refund.booked_at_ms,
-            refund_id: refund.id,
+            argv: Argv::refund(refund.cost, refund.policy, refund.booked_at_ms, refund.id),
         }
     }
 
     /// The command: `EVALSHA sha 1 key argv...` or `EVAL source 1 key argv...`.
     pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
-        let algorithm = self.policy.algorithm;
-        let mut cmd = via.command(scripts.get(algorithm), source(algorithm));
-        // Numbers are written straight into the command buffer: no string per argument.
-        let policy = &self.policy;
-        let consume = policy.on_over_limit == OnOverLimit::Consume;
+        let mut cmd = via.command(scripts.loaded(self.argv.policy.algorithm));
         cmd.arg(1)
             .arg(&self.key)
-            .arg(self.op)
-            .arg(self.cost)
-            .arg(policy.window_ms())
-            .arg(policy.requests_per_unit)
-            .arg(policy.burst)
-            .arg(if consume { "1" } else { "0" })
-            .arg(policy.lockout_ms())
-            .arg(self.booked_at_ms)
-            .arg(self.refund_id);
+            .arg(self.argv)
+            .arg(scripts.pinned_now());
         cmd
     }
 }
@@ -272,13 +403,8 @@ impl BatchCall {
                 batch_index(policy.algorithm) as u64,
                 u64::from(item.weight.quota),
                 u64::from(item.weight.shadow),
-                charge.cost,
-                policy.window_ms(),
-                u64::from(policy.requests_per_unit),
-                u64::from(policy.burst),
-                u64::from(policy.on_over_limit == OnOverLimit::Consume),
-                policy.lockout_ms(),
             ]);
+            self.argv.extend(decision_args(charge.cost, policy));
         }
     }
 
@@ -291,7 +417,7 @@ impl BatchCall {
     /// G argv...` (or `EVAL` with the source). Arguments are written straight into the
     /// command buffer, so joining requests copies nothing else.
     pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
-        let mut cmd = via.command(scripts.batch(), BATCH);
+        let mut cmd = via.command(&scripts.batch);
         cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
         for call in calls {
             cmd.arg(&call.keys);
@@ -300,6 +426,7 @@ impl BatchCall {
         for call in calls {
             cmd.arg(&call.argv);
         }
+        cmd.arg(scripts.pinned_now());
         cmd
     }
 }
@@ -446,11 +573,13 @@ mod tests {
     #[test]
     fn every_script_has_its_own_hash_and_documents_its_contract() {
         let set = ScriptSet::new();
-        let hashes: std::collections::HashSet<&str> =
-            ALGORITHMS.iter().map(|&a| set.get(a).get_hash()).collect();
+        let hashes: std::collections::HashSet<&str> = Algorithm::ALL
+            .iter()
+            .map(|&a| set.get(a).get_hash())
+            .collect();
         assert_eq!(hashes.len(), 4);
         assert!(!hashes.contains(set.batch().get_hash()));
-        for algorithm in ALGORITHMS {
+        for algorithm in Algorithm::ALL {
             let src = source(algorithm);
             for word in ["KEYS[1]", "ARGV[9]", "Reply", "PEXPIRE", "TIME"] {
                 assert!(src.contains(word), "{algorithm}: header lacks {word}");
@@ -489,6 +618,43 @@ mod tests {
             .command(&ScriptSet::new(), Via::Source)
             .get_packed_command();
         assert!(String::from_utf8_lossy(&eval).contains("token_bucket.rs"));
+    }
+
+    #[test]
+    fn a_pinned_set_changes_only_the_clock_line_and_ends_every_call_with_the_time() {
+        let clock = Arc::new(crate::backend::memory::ManualClock::new(4_102_444_812_345));
+        let pinned = ScriptSet::pinned(clock.clone());
+        let real = ScriptSet::new();
+        for algorithm in Algorithm::ALL {
+            let text = &pinned.loaded(algorithm).source;
+            assert_eq!(
+                text.strip_prefix(PINNED_CLOCK),
+                source(algorithm).strip_prefix(clock!())
+            );
+            let (a, b) = (pinned.get(algorithm), real.get(algorithm));
+            assert_ne!(a.get_hash(), b.get_hash(), "{algorithm}");
+        }
+        assert_eq!(
+            pinned.batch.source.strip_prefix(PINNED_CLOCK),
+            BATCH.strip_prefix(clock!())
+        );
+        assert_eq!(real.pinned_now(), None);
+        clock.advance(5);
+        assert_eq!(pinned.pinned_now(), Some(4_102_444_812_350));
+
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let charge = Charge {
+            bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
+            policy,
+            cost: 1,
+        };
+        let call = Call::charge(&charge, "fg");
+        let on_time = words(&call.command(&real, Via::Sha));
+        let pinned_words = words(&call.command(&pinned, Via::Source));
+        assert_eq!(pinned_words.len(), on_time.len() + 1);
+        assert_eq!(pinned_words.last().unwrap(), "4102444812350");
+        let batch = BatchCall::command(&[], &pinned, Via::Sha);
+        assert_eq!(words(&batch).last().unwrap(), "4102444812350");
     }
 
     /// The words of a command as it goes on the wire.

@@ -204,6 +204,16 @@ impl RedisBackend {
     /// error; `Unavailable` or `Timeout` when the node cannot be reached. No message contains the
     /// URL or the password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend, BackendError> {
+        RedisBackend::connect_with_scripts(url, options, ScriptSet::new()).await
+    }
+
+    /// `connect` with the given scripts: tests pass a pinned set (`ScriptSet::pinned`).
+    #[doc(hidden)]
+    pub async fn connect_with_scripts(
+        url: &str,
+        options: RedisOptions,
+        scripts: ScriptSet,
+    ) -> Result<RedisBackend, BackendError> {
         options.validate()?;
         let secrets = Secrets::of(&[url]);
         let client = match options.tls_for(url) {
@@ -249,7 +259,7 @@ impl RedisBackend {
         let node = Arc::new(Node {
             pool,
             last_connect_error,
-            scripts: ScriptSet::new(),
+            scripts,
             options,
             secrets,
         });

@@ -18,18 +18,17 @@ use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::BackendSettings;
 use crate::backend::redis::{ClientIdentity, RedisOptions};
-pub use crate::headers::HeaderMode as ResponseHeaders;
-pub use crate::limiter::FailureMode;
 use crate::limiter::LimiterOptions;
 use crate::listener::{self, GrpcLimits};
 use crate::server::Settings;
-pub use crate::telemetry::LogFormat;
 use crate::tls::{self, TlsFiles};
 
+mod choices;
 pub mod duration;
 pub mod reference_env;
 mod xds_args;
 
+pub use choices::{FailureMode, LogFormat, ResponseHeaders};
 pub use duration::GoDuration;
 pub use xds_args::{ConfigSource, SecretText, XdsArgs};
 
@@ -399,12 +398,12 @@ impl ServeArgs {
             backend,
             limiter: LimiterOptions {
                 backend_timeout: timeout,
-                failure_mode: self.failure_mode,
+                failure_mode: self.failure_mode.into(),
                 shadow_mode: self.shadow_mode,
                 local_cache_entries: self.local_cache_entries,
                 local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
             },
-            header_mode: self.response_headers,
+            header_mode: self.response_headers.into(),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             shutdown_grace: Duration::from_millis(self.health_grace_ms),
             max_metric_series: self.max_metric_series,

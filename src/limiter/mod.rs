@@ -26,7 +26,7 @@ pub use local_cache::OverLimitCache;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 
 /// What to answer when the backend fails (docs/requests.md#backend-failure).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
     /// Return an error (gRPC `UNAVAILABLE`), so Envoy's `failure_mode_deny` decides.
     #[default]

@@ -116,32 +116,54 @@ fn fresh_refund_id() -> u64 {
 /// Why a backend could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
-    /// The backend did not answer within its time budget.
+    /// The backend did not answer within its time budget. Transient.
     #[error("backend timed out")]
     Timeout,
-    /// No connection could be made or kept (refused, reset, pool exhausted).
+    /// No connection could be made or kept (refused, reset, pool exhausted). Transient.
     #[error("backend unreachable: {0}")]
     Unavailable(String),
-    /// The backend answered with an error (e.g. CLUSTERDOWN, a script error).
-    #[error("backend error: {0}")]
-    Failed(String),
+    /// The backend answered with an error (e.g. CLUSTERDOWN, a script error) or with a reply
+    /// of the wrong shape.
+    #[error("backend error: {detail}")]
+    Failed {
+        /// What went wrong, free of addresses and credentials.
+        detail: String,
+        /// Whether waiting can help (a failover, a loading replica), decided where the error
+        /// was classified (`redis::scripts::classify`) so nobody reads it back from `detail`.
+        transient: bool,
+    },
     /// The settings cannot work (an invalid URL or option): retrying will not help.
     #[error("invalid backend configuration: {0}")]
     Config(String),
-    /// The memory backend's bucket cap was reached and no bucket could be evicted.
-    #[error("bucket capacity exhausted")]
-    CapacityExhausted,
 }
 
 impl BackendError {
+    /// A failure that waiting will not cure: a malformed reply, a refused login, a script
+    /// error.
+    pub fn failed(detail: impl Into<String>) -> BackendError {
+        BackendError::Failed {
+            detail: detail.into(),
+            transient: false,
+        }
+    }
+
+    /// Whether the same call may succeed later with the same settings: timeouts, lost
+    /// connections and server errors classified as transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BackendError::Timeout | BackendError::Unavailable(_) => true,
+            BackendError::Failed { transient, .. } => *transient,
+            BackendError::Config(_) => false,
+        }
+    }
+
     /// Short, stable label for the `backend_errors` metric.
     pub fn kind(&self) -> &'static str {
         match self {
             BackendError::Timeout => "timeout",
             BackendError::Unavailable(_) => "unavailable",
-            BackendError::Failed(_) => "failed",
+            BackendError::Failed { .. } => "failed",
             BackendError::Config(_) => "config",
-            BackendError::CapacityExhausted => "capacity",
         }
     }
 }

@@ -475,7 +475,7 @@ impl Limiter {
         let started = Instant::now();
         let result = match tokio::time::timeout_at(limit, self.backend.decide(group)).await {
             Ok(Ok(outcomes)) if outcomes.len() != group.items.len() => {
-                Err(BackendError::Failed(format!(
+                Err(BackendError::failed(format!(
                     "{} outcomes for {} charges",
                     outcomes.len(),
                     group.items.len()

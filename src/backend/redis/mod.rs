@@ -164,7 +164,10 @@ impl Secrets {
         };
         match error {
             BackendError::Unavailable(text) => BackendError::Unavailable(clean(text)),
-            BackendError::Failed(text) => BackendError::Failed(clean(text)),
+            BackendError::Failed { detail, transient } => BackendError::Failed {
+                detail: clean(detail),
+                transient,
+            },
             BackendError::Config(text) => BackendError::Config(clean(text)),
             other => other,
         }

@@ -348,7 +348,7 @@ impl Node {
             .await
             .map_err(|e| self.secrets.scrub(e))?;
         if values.len() != expected {
-            return Err(BackendError::Failed(format!(
+            return Err(BackendError::failed(format!(
                 "pipeline returned {} replies for {expected} calls",
                 values.len()
             )));

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions};
 
+use crate::redact::{self, Scrub};
 use crate::rules::Policy;
 
 /// One bucket to charge: `cost` units under `policy`.
@@ -164,6 +165,21 @@ impl BackendError {
             BackendError::Unavailable(_) => "unavailable",
             BackendError::Failed { .. } => "failed",
             BackendError::Config(_) => "config",
+        }
+    }
+}
+
+/// Error texts may quote a client library's message, which can name a URL with its password.
+impl Scrub for BackendError {
+    fn map_text(self, f: impl Fn(String) -> String) -> BackendError {
+        match self {
+            BackendError::Unavailable(text) => BackendError::Unavailable(f(text)),
+            BackendError::Failed { detail, transient } => BackendError::Failed {
+                detail: f(detail),
+                transient,
+            },
+            BackendError::Config(text) => BackendError::Config(f(text)),
+            BackendError::Timeout => BackendError::Timeout,
         }
     }
 }
@@ -339,21 +355,24 @@ pub enum BackendSettings {
 }
 
 impl std::fmt::Debug for BackendSettings {
-    /// Never prints URLs: they may carry passwords.
+    /// Shows URLs only with their passwords masked.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BackendSettings::Memory { max_buckets } => f
                 .debug_struct("Memory")
                 .field("max_buckets", max_buckets)
                 .finish(),
-            BackendSettings::Redis { options, .. } => f
+            BackendSettings::Redis { url, options } => f
                 .debug_struct("Redis")
-                .field("url", &"<redacted>")
+                .field("url", &redact::url(url))
                 .field("options", options)
                 .finish(),
             BackendSettings::Cluster { urls, options } => f
                 .debug_struct("Cluster")
-                .field("urls", &format!("<{} redacted>", urls.len()))
+                .field(
+                    "urls",
+                    &urls.iter().map(|url| redact::url(url)).collect::<Vec<_>>(),
+                )
                 .field("options", options)
                 .finish(),
         }

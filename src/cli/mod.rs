@@ -28,9 +28,10 @@ pub mod duration;
 pub mod reference_env;
 mod xds_args;
 
+pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, ResponseHeaders};
 pub use duration::GoDuration;
-pub use xds_args::{ConfigSource, SecretText, XdsArgs};
+pub use xds_args::{ConfigSource, XdsArgs};
 
 /// `--version` output: the crate version and the git revision it was built from
 /// (`unknown` when built outside a git checkout).
@@ -502,47 +503,8 @@ impl RedisUrl {
 
     /// The URL with the password (or a lone userinfo) and password query values masked.
     pub fn redacted(&self) -> String {
-        let url = &self.0;
-        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-            // Not a URL: anything before an `@` may be a password.
-            return match url.rsplit_once('@') {
-                Some((_, host)) => format!("***@{host}"),
-                None => url.clone(),
-            };
-        };
-        let rest = &url[scheme_end..];
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let mut out = url[..scheme_end].to_owned();
-        match authority.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                match userinfo.split_once(':') {
-                    Some((user, _password)) => out.push_str(&format!("{user}:***")),
-                    None => out.push_str("***"),
-                }
-                out.push('@');
-                out.push_str(host);
-            }
-            None => out.push_str(authority),
-        }
-        out.push_str(&redact_query(tail));
-        out
+        crate::redact::url(&self.0)
     }
-}
-
-/// Masks the values of query parameters that carry a password.
-fn redact_query(tail: &str) -> String {
-    let Some((path, query)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let params: Vec<String> = query
-        .split('&')
-        .map(|param| match param.split_once('=') {
-            Some((name, _)) if name.to_ascii_lowercase().contains("pass") => format!("{name}=***"),
-            _ => param.to_owned(),
-        })
-        .collect();
-    format!("{path}?{}", params.join("&"))
 }
 
 impl RedisUrl {

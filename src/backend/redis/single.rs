@@ -25,9 +25,10 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
+use super::RedisOptions;
 use super::scripts::{self, BatchCall, Call, ScriptSet, Via};
-use super::{RedisOptions, Secrets};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
+use crate::redact::{Redacted, Secrets};
 use batch::Job;
 
 mod batch;
@@ -188,7 +189,7 @@ struct Node {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &"***")
+            .field("url", &Redacted)
             .field("options", &self.node.options)
             .finish_non_exhaustive()
     }

@@ -71,7 +71,3 @@ pub use envoy::service::discovery::v3 as discovery;
 pub use envoy::service::ratelimit::v3 as rls;
 pub use envoy::r#type::v3 as types;
 pub use ratelimit::config::ratelimit::v3 as rls_conf;
-
-/// Encoded descriptor set of every message above.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/rls_descriptor.bin"));

@@ -217,7 +217,10 @@ mod tests {
         }
         assert!(text.contains(MASK), "{text}");
         let shown = format!("{secrets:?}");
-        assert!(!shown.contains("s@cret") && !shown.contains("s0cket"), "{shown}");
+        assert!(
+            !shown.contains("s@cret") && !shown.contains("s0cket"),
+            "{shown}"
+        );
     }
 
     #[test]

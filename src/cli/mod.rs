@@ -63,7 +63,7 @@ pub const DEFAULT_LOCAL_CACHE_MAX_AGE_MS: u64 =
 /// Default prefix of every backend key.
 pub const DEFAULT_KEY_PREFIX: &str = crate::backend::redis::DEFAULT_KEY_PREFIX;
 /// Default cap on live buckets in the memory backend.
-pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = 1_000_000;
+pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = crate::backend::memory::DEFAULT_CAPACITY;
 /// Default time in-flight calls get to finish after shutdown starts, in ms.
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// Default pause between reporting NOT_SERVING and closing the listeners, in ms.

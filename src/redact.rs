@@ -227,6 +227,6 @@ mod tests {
     fn whole_secrets_never_reach_debug() {
         let text: SecretText = "authorization=Bearer s3cret".parse().unwrap();
         assert_eq!(format!("{text:?}"), "SecretText(<redacted>)");
-        assert_eq!(format!("{:?}", Redacted), REDACTED);
+        assert_eq!(format!("{Redacted:?}"), REDACTED);
     }
 }

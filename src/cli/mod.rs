@@ -147,8 +147,6 @@ pub fn serve_matches(matches: &ArgMatches) -> &ArgMatches {
 }
 
 /// The subcommands.
-// Parsed once per process: boxing the serve settings would save nothing that matters.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 #[expect(
     clippy::large_enum_variant,

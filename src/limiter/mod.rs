@@ -11,11 +11,12 @@ pub mod request;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
+use crate::backend::memory::{Clock, SystemClock};
 use crate::backend::{
     Backend, BackendError, BucketKey, Charge, Group, Item, Outcome, Tally, Weight, undoable,
 };
@@ -628,9 +629,7 @@ fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverrid
 
 /// The outcome of a rule with `L = 0`: denied until the current window ends (wall clock).
 fn always_over(policy: &Policy) -> Outcome {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
     let window = policy.window_ms().max(1);
     Outcome {
         allowed: false,

@@ -180,24 +180,14 @@ impl fmt::Debug for SecretText {
 mod tests {
     use super::*;
 
+    /// The common shapes are checked through `RedisUrl` in `cli`; these are the rest.
     #[test]
     fn urls_show_everything_but_their_secrets() {
         for (given, shown) in [
             (
-                "redis://user:s3cret@host:6379/0",
-                "redis://user:***@host:6379/0",
-            ),
-            ("rediss://:s3cret@host", "rediss://:***@host"),
-            ("redis://s3cret@host", "redis://***@host"),
-            (
-                "redis://host:6379?password=s3cret&db=1",
-                "redis://host:6379?password=***&db=1",
-            ),
-            (
                 "unix:///run/redis.sock?user=app&pass=s3cret",
                 "unix:///run/redis.sock?user=app&pass=***",
             ),
-            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
             ("u:s3cret@h:6379", "***@h:6379"),
             ("redis://u:s3cret@[bad", "redis://***@[bad"),
             ("redis://[bad?pass=s3cret", "redis://[bad?***"),

@@ -2,7 +2,7 @@
 //! and stamps the git revision into the binary for `--version`.
 
 use std::error::Error;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use prost::Message;
@@ -25,10 +25,8 @@ fn main() -> Result<(), Box<dyn Error>> {
 /// the admin `/json` endpoint) from one descriptor set.
 fn compile_protos() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let descriptors = protox::compile(PROTOS, ["proto"])?;
     let descriptor_bytes = descriptors.encode_to_vec();
-    std::fs::write(out_dir.join("rls_descriptor.bin"), &descriptor_bytes)?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

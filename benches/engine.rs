@@ -11,8 +11,10 @@
 //! are generous (hour-long, high limits) so every bucket stays live and the allowed path,
 //! which writes, is what gets measured.
 
-// criterion's macros generate undocumented public functions.
-#![allow(missing_docs)]
+#![allow(
+    missing_docs,
+    reason = "criterion's macros generate undocumented public functions"
+)]
 
 use std::hint::black_box;
 

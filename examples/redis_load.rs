@@ -74,7 +74,7 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed");
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),

@@ -8,7 +8,7 @@
 use crate::limiter::{Code, CurrentLimit, Response, Status};
 
 /// Which headers to add to responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderMode {
     /// None; Envoy may derive `X-RateLimit-*` from the statuses itself.
     #[default]

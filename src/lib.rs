@@ -37,6 +37,7 @@ pub mod listener;
 pub mod matcher;
 pub mod metrics;
 pub mod proto;
+pub mod redact;
 pub mod reload;
 pub mod rules;
 pub mod server;

@@ -221,6 +221,10 @@ async fn sleep_or_never(duration: Option<Duration>) {
 
 /// `age` shortened by up to `AGE_JITTER_PERCENT`, by the sub-second clock: varied enough
 /// to spread reconnections, and never past the configured age.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the sub-second digits serve as randomness, not as a time"
+)]
 fn jittered(age: Duration) -> Duration {
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

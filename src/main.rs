@@ -104,7 +104,7 @@ fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
 /// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails.
 fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
     telemetry::init(
-        args.log_format,
+        args.log_format.into(),
         reference.log_level.unwrap_or(LevelFilter::INFO),
     );
     reference.log();

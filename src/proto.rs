@@ -3,7 +3,13 @@
 //!
 //! The modules mirror the protobuf packages because generated code refers to other packages
 //! by relative path. Kept in its own module so generated code gets its own lint allowances.
-#![allow(missing_docs, clippy::all, clippy::pedantic)]
+#![allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    clippy::allow_attributes_without_reason,
+    reason = "generated code: its shape is prost's and tonic's, not ours"
+)]
 
 /// Includes the prost and pbjson output of one package.
 macro_rules! package {
@@ -71,7 +77,3 @@ pub use envoy::service::discovery::v3 as discovery;
 pub use envoy::service::ratelimit::v3 as rls;
 pub use envoy::r#type::v3 as types;
 pub use ratelimit::config::ratelimit::v3 as rls_conf;
-
-/// Encoded descriptor set of every message above.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/rls_descriptor.bin"));

@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 pub use tracing_subscriber::filter::LevelFilter;
 
 /// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
     /// Human-readable text.
     #[default]

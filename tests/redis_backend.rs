@@ -206,7 +206,7 @@ async fn cluster_admits_exactly_the_limit_under_concurrency() {
 fn is_transient(err: &BackendError) -> bool {
     matches!(
         err,
-        BackendError::Timeout | BackendError::Unavailable(_) | BackendError::Failed(_)
+        BackendError::Timeout | BackendError::Unavailable(_) | BackendError::Failed { .. }
     )
 }
 
@@ -338,7 +338,7 @@ async fn credentials_and_database_come_from_the_url_and_never_leak() {
 
     let wrong = format!("redis://:wrong-pw@127.0.0.1:{port}");
     let err = RedisBackend::connect(&wrong, options()).await.unwrap_err();
-    assert!(matches!(err, BackendError::Failed(_)), "{err:?}");
+    assert!(matches!(err, BackendError::Failed { .. }), "{err:?}");
     let text = format!("{err} {err:?}");
     assert!(!text.contains("wrong-pw"), "{text}");
 

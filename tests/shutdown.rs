@@ -70,7 +70,7 @@ async fn sigterm_flips_health_drains_and_exits_zero() {
         .expect("calls are still served during the grace");
     assert_eq!(response.get_ref().statuses.len(), 1);
     // Connections still open: the server's GOAWAY lets them finish, well within the drain.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(server.wait_exit(Duration::from_secs(15)).await, Some(0));
     assert!(
         started.elapsed() < Duration::from_secs(9),

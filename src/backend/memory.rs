@@ -64,6 +64,10 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one reader of the wall clock; everything else is handed a Clock"
+    )]
     fn now_ms(&self) -> i64 {
         match SystemTime::now().duration_since(UNIX_EPOCH) {
             Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),

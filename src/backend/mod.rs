@@ -16,6 +16,7 @@ use async_trait::async_trait;
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions};
 
+use crate::redact::{self, Scrub};
 use crate::rules::Policy;
 
 /// One bucket to charge: `cost` units under `policy`.
@@ -116,32 +117,69 @@ fn fresh_refund_id() -> u64 {
 /// Why a backend could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
-    /// The backend did not answer within its time budget.
+    /// The backend did not answer within its time budget. Transient.
     #[error("backend timed out")]
     Timeout,
-    /// No connection could be made or kept (refused, reset, pool exhausted).
+    /// No connection could be made or kept (refused, reset, pool exhausted). Transient.
     #[error("backend unreachable: {0}")]
     Unavailable(String),
-    /// The backend answered with an error (e.g. CLUSTERDOWN, a script error).
-    #[error("backend error: {0}")]
-    Failed(String),
+    /// The backend answered with an error (e.g. CLUSTERDOWN, a script error) or with a reply
+    /// of the wrong shape.
+    #[error("backend error: {detail}")]
+    Failed {
+        /// What went wrong, free of addresses and credentials.
+        detail: String,
+        /// Whether waiting can help (a failover, a loading replica), decided where the error
+        /// was classified (`redis::scripts::classify`) so nobody reads it back from `detail`.
+        transient: bool,
+    },
     /// The settings cannot work (an invalid URL or option): retrying will not help.
     #[error("invalid backend configuration: {0}")]
     Config(String),
-    /// The memory backend's bucket cap was reached and no bucket could be evicted.
-    #[error("bucket capacity exhausted")]
-    CapacityExhausted,
 }
 
 impl BackendError {
+    /// A failure that waiting will not cure: a malformed reply, a refused login, a script
+    /// error.
+    pub fn failed(detail: impl Into<String>) -> BackendError {
+        BackendError::Failed {
+            detail: detail.into(),
+            transient: false,
+        }
+    }
+
+    /// Whether the same call may succeed later with the same settings: timeouts, lost
+    /// connections and server errors classified as transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BackendError::Timeout | BackendError::Unavailable(_) => true,
+            BackendError::Failed { transient, .. } => *transient,
+            BackendError::Config(_) => false,
+        }
+    }
+
     /// Short, stable label for the `backend_errors` metric.
     pub fn kind(&self) -> &'static str {
         match self {
             BackendError::Timeout => "timeout",
             BackendError::Unavailable(_) => "unavailable",
-            BackendError::Failed(_) => "failed",
+            BackendError::Failed { .. } => "failed",
             BackendError::Config(_) => "config",
-            BackendError::CapacityExhausted => "capacity",
+        }
+    }
+}
+
+/// Error texts may quote a client library's message, which can name a URL with its password.
+impl Scrub for BackendError {
+    fn map_text(self, f: impl Fn(String) -> String) -> BackendError {
+        match self {
+            BackendError::Unavailable(text) => BackendError::Unavailable(f(text)),
+            BackendError::Failed { detail, transient } => BackendError::Failed {
+                detail: f(detail),
+                transient,
+            },
+            BackendError::Config(text) => BackendError::Config(f(text)),
+            BackendError::Timeout => BackendError::Timeout,
         }
     }
 }
@@ -317,21 +355,24 @@ pub enum BackendSettings {
 }
 
 impl std::fmt::Debug for BackendSettings {
-    /// Never prints URLs: they may carry passwords.
+    /// Shows URLs only with their passwords masked.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BackendSettings::Memory { max_buckets } => f
                 .debug_struct("Memory")
                 .field("max_buckets", max_buckets)
                 .finish(),
-            BackendSettings::Redis { options, .. } => f
+            BackendSettings::Redis { url, options } => f
                 .debug_struct("Redis")
-                .field("url", &"<redacted>")
+                .field("url", &redact::url(url))
                 .field("options", options)
                 .finish(),
             BackendSettings::Cluster { urls, options } => f
                 .debug_struct("Cluster")
-                .field("urls", &format!("<{} redacted>", urls.len()))
+                .field(
+                    "urls",
+                    &urls.iter().map(|url| redact::url(url)).collect::<Vec<_>>(),
+                )
                 .field("options", options)
                 .finish(),
         }

@@ -18,20 +18,20 @@ use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::BackendSettings;
 use crate::backend::redis::{ClientIdentity, RedisOptions};
-pub use crate::headers::HeaderMode as ResponseHeaders;
-pub use crate::limiter::FailureMode;
 use crate::limiter::LimiterOptions;
 use crate::listener::{self, GrpcLimits};
 use crate::server::Settings;
-pub use crate::telemetry::LogFormat;
 use crate::tls::{self, TlsFiles};
 
+mod choices;
 pub mod duration;
 pub mod reference_env;
 mod xds_args;
 
+pub use crate::redact::SecretText;
+pub use choices::{FailureMode, LogFormat, ResponseHeaders};
 pub use duration::GoDuration;
-pub use xds_args::{ConfigSource, SecretText, XdsArgs};
+pub use xds_args::{ConfigSource, XdsArgs};
 
 /// `--version` output: the crate version and the git revision it was built from
 /// (`unknown` when built outside a git checkout).
@@ -63,7 +63,7 @@ pub const DEFAULT_LOCAL_CACHE_MAX_AGE_MS: u64 =
 /// Default prefix of every backend key.
 pub const DEFAULT_KEY_PREFIX: &str = crate::backend::redis::DEFAULT_KEY_PREFIX;
 /// Default cap on live buckets in the memory backend.
-pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = 1_000_000;
+pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = crate::backend::memory::DEFAULT_CAPACITY;
 /// Default time in-flight calls get to finish after shutdown starts, in ms.
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// Default pause between reporting NOT_SERVING and closing the listeners, in ms.
@@ -147,8 +147,6 @@ pub fn serve_matches(matches: &ArgMatches) -> &ArgMatches {
 }
 
 /// The subcommands.
-// Parsed once per process: boxing the serve settings would save nothing that matters.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 #[expect(
     clippy::large_enum_variant,
@@ -399,12 +397,12 @@ impl ServeArgs {
             backend,
             limiter: LimiterOptions {
                 backend_timeout: timeout,
-                failure_mode: self.failure_mode,
+                failure_mode: self.failure_mode.into(),
                 shadow_mode: self.shadow_mode,
                 local_cache_entries: self.local_cache_entries,
                 local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
             },
-            header_mode: self.response_headers,
+            header_mode: self.response_headers.into(),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             shutdown_grace: Duration::from_millis(self.health_grace_ms),
             max_metric_series: self.max_metric_series,
@@ -503,47 +501,8 @@ impl RedisUrl {
 
     /// The URL with the password (or a lone userinfo) and password query values masked.
     pub fn redacted(&self) -> String {
-        let url = &self.0;
-        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-            // Not a URL: anything before an `@` may be a password.
-            return match url.rsplit_once('@') {
-                Some((_, host)) => format!("***@{host}"),
-                None => url.clone(),
-            };
-        };
-        let rest = &url[scheme_end..];
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let mut out = url[..scheme_end].to_owned();
-        match authority.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                match userinfo.split_once(':') {
-                    Some((user, _password)) => out.push_str(&format!("{user}:***")),
-                    None => out.push_str("***"),
-                }
-                out.push('@');
-                out.push_str(host);
-            }
-            None => out.push_str(authority),
-        }
-        out.push_str(&redact_query(tail));
-        out
+        crate::redact::url(&self.0)
     }
-}
-
-/// Masks the values of query parameters that carry a password.
-fn redact_query(tail: &str) -> String {
-    let Some((path, query)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let params: Vec<String> = query
-        .split('&')
-        .map(|param| match param.split_once('=') {
-            Some((name, _)) if name.to_ascii_lowercase().contains("pass") => format!("{name}=***"),
-            _ => param.to_owned(),
-        })
-        .collect();
-    format!("{path}?{}", params.join("&"))
 }
 
 impl RedisUrl {

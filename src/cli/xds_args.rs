@@ -1,9 +1,7 @@
 //! The flags of the xDS rule source and of serving before rules arrive
-//! (docs/operations.md#security-and-config-sources), and the secret-holding flag type.
+//! (docs/operations.md#security-and-config-sources).
 
-use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -12,6 +10,7 @@ use super::{
     DEFAULT_XDS_BACKOFF_INITIAL_MS, DEFAULT_XDS_BACKOFF_JITTER, DEFAULT_XDS_BACKOFF_MAX_MS,
     DEFAULT_XDS_NODE_ID,
 };
+use crate::redact::SecretText;
 use crate::server::Startup;
 use crate::xds::{self, Backoff, XdsSettings, XdsTls};
 
@@ -136,35 +135,4 @@ pub enum ConfigSource {
     File,
     /// An xDS management server (--xds-server).
     Xds,
-}
-
-/// A flag value that may hold credentials: never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretText(String);
-
-impl SecretText {
-    /// The text, for the one place that uses it.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for SecretText {
-    type Err = std::convert::Infallible;
-
-    fn from_str(text: &str) -> Result<SecretText, Self::Err> {
-        Ok(SecretText(text.to_owned()))
-    }
-}
-
-impl From<String> for SecretText {
-    fn from(text: String) -> SecretText {
-        SecretText(text)
-    }
-}
-
-impl fmt::Debug for SecretText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretText(***)")
-    }
 }

@@ -11,11 +11,12 @@ pub mod request;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
+use crate::backend::memory::{Clock, SystemClock};
 use crate::backend::{
     Backend, BackendError, BucketKey, Charge, Group, Item, Outcome, Tally, Weight, undoable,
 };
@@ -26,7 +27,7 @@ pub use local_cache::OverLimitCache;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 
 /// What to answer when the backend fails (docs/requests.md#backend-failure).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
     /// Return an error (gRPC `UNAVAILABLE`), so Envoy's `failure_mode_deny` decides.
     #[default]
@@ -475,7 +476,7 @@ impl Limiter {
         let started = Instant::now();
         let result = match tokio::time::timeout_at(limit, self.backend.decide(group)).await {
             Ok(Ok(outcomes)) if outcomes.len() != group.items.len() => {
-                Err(BackendError::Failed(format!(
+                Err(BackendError::failed(format!(
                     "{} outcomes for {} charges",
                     outcomes.len(),
                     group.items.len()
@@ -628,9 +629,7 @@ fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverrid
 
 /// The outcome of a rule with `L = 0`: denied until the current window ends (wall clock).
 fn always_over(policy: &Policy) -> Outcome {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
     let window = policy.window_ms().max(1);
     Outcome {
         allowed: false,

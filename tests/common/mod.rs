@@ -1,7 +1,10 @@
 //! Shared fixtures: a floodgate server on 127.0.0.1 port 0 over a temporary config directory,
 //! and an Envoy-side client built from the independent `envoy-types` protos; real
 //! `redis-server` nodes and clusters in `redis`; the algorithm test vectors in `vectors`.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary compiles these helpers and uses only some of them"
+)]
 
 pub mod pki;
 pub mod redis;
@@ -15,6 +18,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use floodgate::backend::BackendSettings;
+use floodgate::backend::memory::{Clock, SystemClock};
 use floodgate::headers::HeaderMode;
 use floodgate::limiter::LimiterOptions;
 use floodgate::server::{Server, Settings};
@@ -35,10 +39,8 @@ pub struct TestServer {
 /// For tests that count in hour-long fixed windows: returns once the current hour has more
 /// than a few seconds left, so no test straddles two windows (waits at most 10 s).
 pub async fn away_from_an_hour_boundary() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970");
-    let left = 3600 - now.as_secs() % 3600;
+    let now_ms = SystemClock.now_ms();
+    let left = 3600 - now_ms.div_euclid(1000).rem_euclid(3600) as u64;
     if left <= 10 {
         tokio::time::sleep(Duration::from_secs(left + 1)).await;
     }
@@ -278,6 +280,10 @@ impl Binary {
 
     /// Waits (bounded) for the process to exit and returns its exit code. Async, so the
     /// test's own connections keep running and can answer the server's GOAWAY.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a child process runs on real time, whatever the test's clock"
+    )]
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let deadline = std::time::Instant::now() + limit;
         loop {

@@ -20,6 +20,10 @@ const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(20);
 
 /// Polls `ready` until it holds or `limit` passes.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a redis-server process starts on real time, whatever the test's clock"
+)]
 pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ready() {
@@ -125,6 +129,10 @@ impl RedisServer {
         self.dir.path().join("redis.log")
     }
 
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a redis-server process starts on real time, whatever the test's clock"
+    )]
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "server already running");
         let log = std::fs::OpenOptions::new()

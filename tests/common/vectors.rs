@@ -102,7 +102,7 @@ impl Expect {
 #[serde(deny_unknown_fields)]
 struct Table {
     /// Documentation for the reader of the file; required so that it stays there.
-    #[allow(dead_code)]
+    #[allow(dead_code, reason = "read only to require it in the file")]
     about: Vec<String>,
     start: i64,
     vectors: Vec<Vector>,

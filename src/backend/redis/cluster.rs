@@ -27,8 +27,9 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use tokio::time::{Instant, timeout_at};
 
 use super::scripts::{self, Call, ScriptSet, Via};
-use super::{RedisOptions, Secrets, config_error};
+use super::{RedisOptions, config_error};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund, undoable};
+use crate::redact::{Redacted, Secrets};
 
 /// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
 /// timeout bounds them all the same.
@@ -52,7 +53,7 @@ struct Cluster {
 impl fmt::Debug for ClusterBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterBackend")
-            .field("urls", &"***")
+            .field("urls", &Redacted)
             .field("options", &self.0.options)
             .finish_non_exhaustive()
     }

@@ -1,4 +1,4 @@
-//! The two Redis backends and what they share: settings, the Lua scripts, secrets masking.
+//! The two Redis backends and what they share: settings and the Lua scripts.
 //!
 //! `single` talks to one node through a small pool of multiplexed connections and batches
 //! the requests bound for it into one script call; `cluster` rides redis-rs' cluster client
@@ -7,9 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use redis::IntoConnectionInfo;
-
 use super::BackendError;
+use crate::redact::REDACTED;
 
 pub mod cluster;
 pub mod scripts;
@@ -55,7 +54,7 @@ pub struct ClientIdentity {
 
 impl fmt::Debug for ClientIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ClientIdentity(<redacted>)")
+        write!(f, "ClientIdentity({REDACTED})")
     }
 }
 
@@ -125,55 +124,10 @@ pub(crate) fn config_error(what: &str) -> BackendError {
     BackendError::Config(what.to_owned())
 }
 
-/// Strings that must never reach an error message or a log line: passwords and the URLs
-/// that carry them.
-#[derive(Clone, Default)]
-pub(crate) struct Secrets(Vec<String>);
-
-impl fmt::Debug for Secrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secrets({} masked)", self.0.len())
-    }
-}
-
-impl Secrets {
-    /// Collects the password of every URL, and the URLs themselves.
-    pub(crate) fn of(urls: &[&str]) -> Secrets {
-        let mut secrets = Vec::new();
-        for url in urls {
-            if let Ok(info) = url.into_connection_info()
-                && let Some(password) = info.redis_settings().password()
-                && !password.is_empty()
-            {
-                secrets.push(password.to_owned());
-            }
-            secrets.push((*url).to_owned());
-        }
-        // Longest first, so a URL is masked whole before the password inside it.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.retain(|s| !s.is_empty());
-        Secrets(secrets)
-    }
-
-    /// `error` with every secret masked.
-    pub(crate) fn scrub(&self, error: BackendError) -> BackendError {
-        let clean = |text: String| {
-            self.0
-                .iter()
-                .fold(text, |text, secret| text.replace(secret.as_str(), "***"))
-        };
-        match error {
-            BackendError::Unavailable(text) => BackendError::Unavailable(clean(text)),
-            BackendError::Failed(text) => BackendError::Failed(clean(text)),
-            BackendError::Config(text) => BackendError::Config(clean(text)),
-            other => other,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redact::Secrets;
 
     #[test]
     fn options_reject_braces_and_zeroes() {

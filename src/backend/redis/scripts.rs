@@ -437,7 +437,7 @@ pub(crate) fn batch_outcomes(value: Value, items: usize) -> Result<Vec<Outcome>,
         Value::Array(values) if values.len() == items * 6 => values,
         Value::ServerError(e) => return Err(server_error(&RedisError::from(e))),
         other => {
-            return Err(BackendError::Failed(format!(
+            return Err(BackendError::failed(format!(
                 "unexpected batch reply for {items} items: {other:?}"
             )));
         }
@@ -452,7 +452,7 @@ pub(crate) fn batch_outcomes(value: Value, items: usize) -> Result<Vec<Outcome>,
             outcome.rolled_back = match rolled_back {
                 0 | 1 => rolled_back == 1,
                 other => {
-                    return Err(BackendError::Failed(format!(
+                    return Err(BackendError::failed(format!(
                         "batch reply out of range: rolled_back {other}"
                     )));
                 }
@@ -493,7 +493,7 @@ fn outcome_of(reply: [i64; 5]) -> Result<Outcome, BackendError> {
             booked: booked == 1,
             rolled_back: false,
         }),
-        other => Err(BackendError::Failed(format!(
+        other => Err(BackendError::failed(format!(
             "script reply out of range: {other:?}"
         ))),
     }
@@ -509,7 +509,7 @@ fn integers<const N: usize>(value: Value) -> Result<[i64; N], BackendError> {
         Value::Array(items) if items.len() == N => items,
         Value::ServerError(e) => return Err(server_error(&RedisError::from(e))),
         other => {
-            return Err(BackendError::Failed(format!(
+            return Err(BackendError::failed(format!(
                 "unexpected script reply: {other:?}"
             )));
         }
@@ -519,7 +519,7 @@ fn integers<const N: usize>(value: Value) -> Result<[i64; N], BackendError> {
         *slot = match item {
             Value::Int(i) => i,
             other => {
-                return Err(BackendError::Failed(format!(
+                return Err(BackendError::failed(format!(
                     "non-integer in script reply: {other:?}"
                 )));
             }
@@ -540,8 +540,8 @@ pub(crate) fn classify(err: &RedisError) -> BackendError {
             BackendError::Unavailable(err.to_string())
         }
         ErrorKind::Server(_) | ErrorKind::Extension => server_error(err),
-        ErrorKind::AuthenticationFailed => BackendError::Failed("authentication failed".to_owned()),
-        _ => BackendError::Failed(format!("{}: {err}", err.category())),
+        ErrorKind::AuthenticationFailed => BackendError::failed("authentication failed"),
+        _ => BackendError::failed(format!("{}: {err}", err.category())),
     }
 }
 
@@ -561,7 +561,10 @@ fn server_error(err: &RedisError) -> BackendError {
     ) || code == "BUSY";
     let detail = err.detail().unwrap_or("");
     let class = if transient { "transient" } else { "permanent" };
-    BackendError::Failed(format!("{code} ({class}): {detail}"))
+    BackendError::Failed {
+        detail: format!("{code} ({class}): {detail}"),
+        transient,
+    }
 }
 
 #[cfg(test)]
@@ -757,15 +760,18 @@ mod tests {
             ),
         ] {
             let err = server(reply);
-            let BackendError::Failed(text) = classify(&err) else {
+            let classified = classify(&err);
+            let BackendError::Failed { detail: text, .. } = &classified else {
                 panic!("{err:?} is not Failed");
             };
             assert!(text.starts_with(&format!("{code} ({class})")), "{text}");
+            assert_eq!(classified.is_transient(), class == "transient", "{text}");
         }
         assert!(is_noscript_error(&server(
             b"-NOSCRIPT No matching script\r\n"
         )));
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(matches!(classify(&io), BackendError::Unavailable(_)));
+        assert!(classify(&io).is_transient());
     }
 }

@@ -25,9 +25,10 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
+use super::RedisOptions;
 use super::scripts::{self, BatchCall, Call, ScriptSet, Via};
-use super::{RedisOptions, Secrets};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
+use crate::redact::{Redacted, Secrets};
 use batch::Job;
 
 mod batch;
@@ -51,6 +52,11 @@ struct LinkHealth {
 }
 
 /// The clock `LinkHealth` counts from.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a stalled socket is judged on real time; a static epoch cannot follow the paused \
+              clock of one test runtime"
+)]
 static EPOCH: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
 
 fn since_epoch_ms() -> u64 {
@@ -188,7 +194,7 @@ struct Node {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &"***")
+            .field("url", &Redacted)
             .field("options", &self.node.options)
             .finish_non_exhaustive()
     }
@@ -358,7 +364,7 @@ impl Node {
             .await
             .map_err(|e| self.secrets.scrub(e))?;
         if values.len() != expected {
-            return Err(BackendError::Failed(format!(
+            return Err(BackendError::failed(format!(
                 "pipeline returned {} replies for {expected} calls",
                 values.len()
             )));

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
+use url::Url;
 
 use super::{
     BackendKind, ConfigSource, GoDuration, LogFormat, RedisUrl, ResponseHeaders, SecretText,
@@ -818,42 +819,31 @@ struct Credentials {
 
 impl Credentials {
     /// `url` with these credentials: in the userinfo for TCP, as `user`/`pass` query
-    /// parameters for a Unix socket (redis-rs reads them there). Percent-encoded, so any
-    /// character of a password survives.
+    /// parameters for a Unix socket (redis-rs reads them there). The `url` crate encodes
+    /// them, so any character of a password survives.
     fn insert_into(&self, url: &str) -> Result<String, ReferenceEnvError> {
-        let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
-        if scheme.ends_with("unix") {
-            let mut query = format!("pass={}", percent_encode(&self.password));
+        // Never quote the URL: it is about to hold a password.
+        let mut url = Url::parse(url).map_err(|_| invalid("REDIS_URL", "is not a valid URL"))?;
+        if url.scheme().ends_with("unix") {
+            let mut query = url.query_pairs_mut();
             if let Some(user) = &self.user {
-                query = format!("user={}&{query}", percent_encode(user));
+                query.append_pair("user", user);
             }
-            let separator = if rest.contains('?') { '&' } else { '?' };
-            return Ok(format!("{url}{separator}{query}"));
+            query.append_pair("pass", &self.password);
+            drop(query);
+            return Ok(url.into());
         }
-        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-        if authority.contains('@') {
+        if !url.username().is_empty() || url.password().is_some() {
             return Err(invalid(
                 "REDIS_AUTH",
                 "REDIS_URL already carries credentials; set them in one place",
             ));
         }
-        let user = self.user.as_deref().map(percent_encode).unwrap_or_default();
-        let password = percent_encode(&self.password);
-        Ok(format!("{scheme}://{user}:{password}@{rest}"))
+        url.set_username(self.user.as_deref().unwrap_or_default())
+            .and_then(|()| url.set_password(Some(&self.password)))
+            .map_err(|()| invalid("REDIS_URL", "names no host to log in to"))?;
+        Ok(url.into())
     }
-}
-
-/// Percent-encodes every byte outside RFC 3986's unreserved set.
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }
 
 /// A boolean as Go's `strconv.ParseBool` (and so the reference) reads it.

@@ -351,7 +351,7 @@ fn redis_auth_reaches_the_client_intact() {
 
 #[test]
 fn unusable_values_stop_startup_naming_the_variable() {
-    let cases: [(Vars, &str); 21] = [
+    let cases: [(Vars, &str); 22] = [
         (&[("REDIS_TYPE", "sentinel")], "REDIS_TYPE"),
         (&[("REDIS_TYPE", "ring")], "REDIS_TYPE"),
         (&[("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
@@ -397,6 +397,10 @@ fn unusable_values_stop_startup_naming_the_variable() {
             "REDIS_AUTH",
         ),
         (&[("REDIS_URL", "http://u:s3cret@r")], "REDIS_URL"),
+        (
+            &[("REDIS_URL", "redis://[r:1"), ("REDIS_AUTH", "s3cret")],
+            "REDIS_URL",
+        ),
     ];
     for (vars, variable) in cases {
         let error = error(vars);

@@ -71,6 +71,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         xds: None,
         startup: Default::default(),
         response_dynamic_metadata: false,
+        tracing: None,
     }
 }
 

@@ -260,7 +260,7 @@ pub fn should_rate_limit_span(headers: &dyn Extractor, domain: &str, descriptors
         rpc.service = "envoy.service.ratelimit.v3.RateLimitService",
         rpc.method = "ShouldRateLimit",
         ratelimit.domain = domain,
-        ratelimit.descriptor_count = descriptors,
+        ratelimit.descriptor_count = count(descriptors),
         ratelimit.overall_code = Empty,
         otel.status_code = Empty,
     );
@@ -292,10 +292,15 @@ pub fn backend_span(charges: usize) -> Span {
         target: TARGET,
         "backend.decide",
         otel.kind = "client",
-        ratelimit.charges = charges,
+        ratelimit.charges = count(charges),
         error.type = Empty,
         otel.status_code = Empty,
     )
+}
+
+/// A count as the OTLP integer attribute it is: unsigned fields would be exported as text.
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Marks a backend span failed with the error's kind (never its message, which may name

@@ -112,18 +112,27 @@ impl TracingSettings {
     }
 }
 
+/// Checks a flag's endpoint: an `http(s)://` URL the protocol can reach.
 fn check_endpoint(source: &str, endpoint: &str, protocol: OtlpProtocol) -> Result<(), String> {
-    let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
-    match (scheme, protocol) {
-        (Some("http"), _) | (Some("https"), OtlpProtocol::Grpc) => Ok(()),
-        (Some("https"), OtlpProtocol::Http) => Err(format!(
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(format!(
+            "{source} `{endpoint}` is not an http:// or https:// URL"
+        ));
+    }
+    check_reachable(source, endpoint, protocol)
+}
+
+/// Rejects HTTPS over the HTTP protocol, whose client speaks plain HTTP only. Anything else
+/// in a standard variable is the exporter's to judge (it applies `INSECURE` to an endpoint
+/// without a scheme, for instance).
+fn check_reachable(source: &str, endpoint: &str, protocol: OtlpProtocol) -> Result<(), String> {
+    if protocol == OtlpProtocol::Http && endpoint.starts_with("https://") {
+        return Err(format!(
             "{source} `{endpoint}`: OTLP over HTTPS needs --otlp-protocol grpc (the HTTP \
              exporter speaks plain HTTP)"
-        )),
-        _ => Err(format!(
-            "{source} `{endpoint}` is not an http:// or https:// URL"
-        )),
+        ));
     }
+    Ok(())
 }
 
 /// Why tracing could not start.
@@ -154,7 +163,8 @@ impl Tracing {
         if settings.endpoint.is_none() {
             for variable in ENDPOINT_VARIABLES {
                 if let Some(endpoint) = std::env::var(variable).ok().filter(|v| !v.is_empty()) {
-                    check_endpoint(variable, &endpoint, settings.protocol).map_err(TracingError)?;
+                    check_reachable(variable, &endpoint, settings.protocol)
+                        .map_err(TracingError)?;
                     break;
                 }
             }

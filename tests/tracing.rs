@@ -340,3 +340,56 @@ async fn with_tracing_off_nothing_is_sent() {
     assert!(grpc_received.payloads().is_empty());
     assert!(http_received.payloads().is_empty());
 }
+
+/// Runs `floodgate serve` with settings that must stop it before it listens.
+fn refused(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run floodgate");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn unusable_tracing_settings_stop_startup() {
+    let (code, stderr) = refused(&["--otlp-endpoint", "https://collector:4318"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("--otlp-protocol grpc"), "{stderr}");
+    let (code, stderr) = refused(&["--otlp-endpoint", "collector:4318"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("not an http:// or https:// URL"),
+        "{stderr}"
+    );
+    let (code, stderr) = refused(
+        &[],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+        ],
+    );
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{stderr}");
+    let (code, _) = refused(&["--tracing-sampling-rate", "2"], &[]);
+    assert_eq!(code, Some(2));
+    let (code, stderr) = refused(
+        &[],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "all"),
+        ],
+    );
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("TRACING_SAMPLING_RATE"), "{stderr}");
+}

@@ -20,6 +20,7 @@
 //! - `backend`: where bucket state lives (memory, Redis, Redis Cluster) and the bucket keys.
 //! - `rules`: validated rule types (units, algorithms, policies).
 //! - `metrics`: every exported metric, on one Prometheus registry.
+//! - `otel`: OpenTelemetry tracing over OTLP (off by default) and the spans it exports.
 //! - `proto`: generated Envoy RLS v3 protobuf code.
 //! - `shutdown`, `telemetry`: signals and logging.
 
@@ -36,6 +37,7 @@ pub mod limiter;
 pub mod listener;
 pub mod matcher;
 pub mod metrics;
+pub mod otel;
 pub mod proto;
 pub mod redact;
 pub mod reload;

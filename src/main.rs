@@ -16,6 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{CommandFactory, FromArgMatches};
 use floodgate::cli::reference_env::{self, ProcessEnvironment, Report};
 use floodgate::cli::{self, Cli, Command, ServeArgs};
+use floodgate::otel::Tracing;
 use floodgate::server::Server;
 use floodgate::telemetry::LevelFilter;
 use floodgate::{config, shutdown, telemetry};
@@ -101,13 +102,9 @@ fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
     }
 }
 
-/// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails.
+/// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails. Spans
+/// still queued are exported before the process exits.
 fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
-    telemetry::init(
-        args.log_format.into(),
-        reference.log_level.unwrap_or(LevelFilter::INFO),
-    );
-    reference.log();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -118,7 +115,26 @@ fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let settings = match args.settings() {
+    let settings = args.settings();
+    // The exporter runs on the runtime, and its layer must be part of the subscriber.
+    let tracing = match settings.as_ref().ok().and_then(|s| s.tracing.as_ref()) {
+        Some(tracing) => {
+            let _context = runtime.enter();
+            Tracing::start(tracing).map(Some)
+        }
+        None => Ok(None),
+    };
+    let (tracing, tracing_error) = match tracing {
+        Ok(tracing) => (tracing, None),
+        Err(error) => (None, Some(error)),
+    };
+    telemetry::init(
+        args.log_format.into(),
+        reference.log_level.unwrap_or(LevelFilter::INFO),
+        tracing.as_ref(),
+    );
+    reference.log();
+    let settings = match settings {
         Ok(settings) => settings,
         Err(error) => {
             tracing::error!(%error, "invalid settings");
@@ -126,12 +142,20 @@ fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(error) = tracing_error {
+        tracing::error!(%error, "cannot start tracing");
+        eprintln!("floodgate: {error}");
+        return ExitCode::FAILURE;
+    }
     tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
     let result = runtime.block_on(async {
         let stop = shutdown::signal();
         let server = Server::bind(settings).await?;
         server.serve(stop).await
     });
+    if let Some(tracing) = tracing {
+        tracing.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

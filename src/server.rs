@@ -24,6 +24,7 @@ use crate::limiter::{Limiter, LimiterOptions};
 use crate::listener::{self, GrpcLimits};
 use crate::matcher::Matcher;
 use crate::metrics::Metrics;
+use crate::otel::TracingSettings;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::service::RlsService;
@@ -68,6 +69,9 @@ pub struct Settings {
     pub startup: Startup,
     /// Answer with dynamic metadata (`--response-dynamic-metadata`).
     pub response_dynamic_metadata: bool,
+    /// OpenTelemetry tracing, when on. The exporter is started by the caller (it belongs
+    /// to the process's `tracing` subscriber); the server only creates the spans.
+    pub tracing: Option<TracingSettings>,
 }
 
 /// Serving and readiness without rules, as the reference's `FORCE_START_WITHOUT_INITIAL_CONFIG`
@@ -231,7 +235,8 @@ impl Server {
         let reloader = reloader.map(tokio::spawn);
 
         let mut service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode)
-            .with_dynamic_metadata(self.settings.response_dynamic_metadata);
+            .with_dynamic_metadata(self.settings.response_dynamic_metadata)
+            .with_tracing(self.settings.tracing.is_some());
         if let Some(client) = &self.xds {
             service = service.with_rules_gate(client.applied());
         }

@@ -11,8 +11,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
+use opentelemetry::propagation::Extractor;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic::metadata::{KeyRef, MetadataMap};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
 use crate::dynamic_metadata;
@@ -22,6 +24,7 @@ use crate::limiter::{
     Code, Descriptor, LimitError, LimitOverride, Limiter, Request, Response, Status,
 };
 use crate::metrics::Metrics;
+use crate::otel;
 use crate::proto::core::HeaderValue;
 use crate::proto::rls::rate_limit_response::{
     Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
@@ -67,6 +70,8 @@ pub struct RlsService {
     limiter: Arc<Limiter>,
     header_mode: HeaderMode,
     dynamic_metadata: bool,
+    /// Whether gRPC calls get an OpenTelemetry span (`--otlp-endpoint`).
+    traced: bool,
     /// Set when serving may start before the first rules: true once they arrived.
     rules_loaded: Option<watch::Receiver<bool>>,
 }
@@ -78,6 +83,7 @@ impl RlsService {
             limiter,
             header_mode,
             dynamic_metadata: false,
+            traced: false,
             rules_loaded: None,
         }
     }
@@ -93,6 +99,32 @@ impl RlsService {
     pub fn with_dynamic_metadata(mut self, enabled: bool) -> RlsService {
         self.dynamic_metadata = enabled;
         self
+    }
+
+    /// Gives every gRPC call a span, child of the caller's `traceparent` (see
+    /// [`crate::otel`]). Off, calls read no trace header and create no span.
+    pub fn with_tracing(mut self, enabled: bool) -> RlsService {
+        self.traced = enabled;
+        self
+    }
+
+    /// [`RlsService::decide`] inside a `ShouldRateLimit` span that records the answer.
+    async fn decide_traced(
+        &self,
+        metadata: &MetadataMap,
+        request: &RateLimitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<RateLimitResponse, DecideError> {
+        use tracing::Instrument;
+        let headers = MetadataExtractor(metadata);
+        let span =
+            otel::should_rate_limit_span(&headers, &request.domain, request.descriptors.len());
+        let result = self
+            .decide(request, deadline)
+            .instrument(span.clone())
+            .await;
+        otel::record_code(&span, decision_code(&result));
+        result
     }
 
     /// Validates, decides and encodes one request.
@@ -150,8 +182,33 @@ impl RateLimitService for RlsService {
             .and_then(|value| value.to_str().ok())
             .and_then(parse_grpc_timeout)
             .map(|timeout| Instant::now() + budget_within(timeout));
-        let response = self.decide(request.get_ref(), deadline).await?;
+        let response = if self.traced {
+            self.decide_traced(request.metadata(), request.get_ref(), deadline)
+                .await?
+        } else {
+            self.decide(request.get_ref(), deadline).await?
+        };
         Ok(GrpcResponse::new(response))
+    }
+}
+
+/// Reads the W3C trace context (`traceparent`, `tracestate`) from gRPC metadata, where Envoy
+/// puts it when it traces.
+struct MetadataExtractor<'a>(&'a MetadataMap);
+
+impl Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .map(|key| match key {
+                KeyRef::Ascii(key) => key.as_str(),
+                KeyRef::Binary(key) => key.as_str(),
+            })
+            .collect()
     }
 }
 
@@ -310,6 +367,30 @@ mod tests {
     use super::*;
     use crate::proto::common::RateLimitDescriptor;
     use crate::proto::common::rate_limit_descriptor::{Entry, RateLimitOverride};
+
+    #[test]
+    fn the_trace_parent_is_read_from_grpc_metadata() {
+        use opentelemetry::propagation::TextMapPropagator;
+        use opentelemetry::trace::TraceContextExt;
+        let mut metadata = MetadataMap::new();
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        metadata.insert("traceparent", traceparent.parse().unwrap());
+        metadata.insert("tracestate", "vendor=value".parse().unwrap());
+        let extractor = MetadataExtractor(&metadata);
+        assert_eq!(extractor.get("traceparent"), Some(traceparent));
+        assert!(extractor.keys().contains(&"tracestate"));
+        let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new()
+            .extract_with_context(&opentelemetry::Context::new(), &extractor);
+        let span = cx.span();
+        let parent = span.span_context();
+        assert_eq!(
+            parent.trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert_eq!(parent.span_id().to_string(), "b7ad6b7169203331");
+        assert!(parent.is_sampled() && parent.is_remote());
+        assert_eq!(parent.trace_state().get("vendor"), Some("value"));
+    }
 
     fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
         RateLimitDescriptor {

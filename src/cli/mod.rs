@@ -26,11 +26,13 @@ use crate::tls::{self, TlsFiles};
 mod choices;
 pub mod duration;
 pub mod reference_env;
+mod tracing_args;
 mod xds_args;
 
 pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, ResponseHeaders};
 pub use duration::GoDuration;
+pub use tracing_args::TracingArgs;
 pub use xds_args::{ConfigSource, XdsArgs};
 
 /// `--version` output: the crate version and the git revision it was built from
@@ -339,6 +341,9 @@ pub struct ServeArgs {
     /// Rules over xDS and serving before rules arrive.
     #[command(flatten)]
     pub xds: XdsArgs,
+    /// OpenTelemetry tracing over OTLP.
+    #[command(flatten)]
+    pub tracing: TracingArgs,
 }
 
 impl ServeArgs {
@@ -412,6 +417,7 @@ impl ServeArgs {
             xds: self.xds.settings()?,
             startup: self.xds.startup(),
             response_dynamic_metadata: self.response_dynamic_metadata,
+            tracing: self.tracing.settings()?,
         })
     }
 
@@ -668,7 +674,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
             .collect();
-        assert_eq!(flags.len(), 49);
+        assert_eq!(flags.len(), 55);
         for arg in flags {
             let long = arg.get_long().unwrap();
             let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

@@ -22,6 +22,7 @@ use crate::backend::{
 };
 use crate::matcher::Matcher;
 use crate::metrics::{Metrics, RuleCounters};
+use crate::otel;
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
@@ -474,7 +475,11 @@ impl Limiter {
         group: &Group,
     ) -> Result<Vec<Outcome>, BackendError> {
         let started = Instant::now();
-        let result = match tokio::time::timeout_at(limit, self.backend.decide(group)).await {
+        // A child of the call's span when it is traced; a disabled span (no allocation)
+        // otherwise.
+        let span = otel::backend_span(group.items.len());
+        let call = tokio::time::timeout_at(limit, self.backend.decide(group));
+        let result = match tracing::Instrument::instrument(call, span.clone()).await {
             Ok(Ok(outcomes)) if outcomes.len() != group.items.len() => {
                 Err(BackendError::failed(format!(
                     "{} outcomes for {} charges",
@@ -487,7 +492,10 @@ impl Limiter {
         };
         Metrics::observe(&self.metrics.backend_latency, started.elapsed());
         match &result {
-            Err(error) => self.metrics.backend_error(error.kind()),
+            Err(error) => {
+                self.metrics.backend_error(error.kind());
+                otel::record_backend_error(&span, error.kind());
+            }
             Ok(outcomes) => {
                 // A rejected request whose booking could not be undone keeps it.
                 if group.rejects(outcomes) {

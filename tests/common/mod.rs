@@ -74,6 +74,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         xds: None,
         startup: Default::default(),
         response_dynamic_metadata: false,
+        tracing: None,
     }
 }
 

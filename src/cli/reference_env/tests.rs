@@ -8,6 +8,7 @@ use redis::{ConnectionAddr, IntoConnectionInfo};
 
 use super::*;
 use crate::cli::{Cli, Command, serve_matches};
+use crate::otel::TracingSettings;
 
 /// Parses `argv` as the binary does and applies `vars` as the reference environment.
 fn run(argv: &[&str], vars: &[(&str, &str)]) -> Result<(ServeArgs, Report), ReferenceEnvError> {
@@ -94,6 +95,12 @@ fn setting_ids_name_the_serve_arguments() {
         XDS_BACKOFF_JITTER,
         FORCE_START,
         HEALTHY_WITH_CONFIG,
+        OTLP_ENDPOINT,
+        OTLP_PROTOCOL,
+        TRACING_SERVICE_NAME,
+        TRACING_SERVICE_NAMESPACE,
+        TRACING_SERVICE_INSTANCE_ID,
+        TRACING_SAMPLING_RATE,
     ] {
         let arg = serve
             .get_arguments()
@@ -570,7 +577,9 @@ fn unsupported_variables_are_reported_by_name() {
     assert_eq!(args.backend, BackendKind::Memory);
     let mut expected: Vec<_> = loud.iter().map(|(name, _)| *name).collect();
     expected.sort();
-    assert_eq!(warned(&report), expected);
+    let mut got = warned(&report);
+    got.sort();
+    assert_eq!(got, expected);
     assert!(report.unsupported.iter().all(|u| !u.reason.is_empty()));
 }
 
@@ -793,6 +802,109 @@ fn xds_defaults_follow_the_reference_and_flags_win() {
         &[("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "ten")],
         &[("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2")],
         &[("FORCE_START_WITHOUT_INITIAL_CONFIG", "maybe")],
+    ] {
+        error(bad);
+    }
+}
+
+#[test]
+fn the_reference_tracing_variables_map_onto_the_tracing_flags() {
+    let (args, report) = mapped(&[
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("TRACING_SERVICE_NAME", "ratelimit"),
+        ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+        ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
+        ("TRACING_SAMPLING_RATE", "0.25"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    ]);
+    assert!(report.unsupported.is_empty(), "{report:?}");
+    assert!(
+        report
+            .applied
+            .contains(&("TRACING_SAMPLING_RATE", "--tracing-sampling-rate"))
+    );
+    let settings = args.tracing.settings().unwrap().unwrap();
+    assert_eq!(
+        settings,
+        TracingSettings {
+            // Left to the exporter, which reads OTEL_EXPORTER_OTLP_ENDPOINT.
+            endpoint: None,
+            // TRACING_EXPORTER_PROTOCOL wins over the standard variable, as in the reference.
+            protocol: OtlpProtocol::Grpc,
+            service_name: "ratelimit".to_owned(),
+            service_namespace: Some("envoy-gateway-system".to_owned()),
+            service_instance_id: Some("pod-1".to_owned()),
+            sampling_rate: 0.25,
+        }
+    );
+}
+
+#[test]
+fn tracing_defaults_follow_the_reference_and_flags_win() {
+    // Off: the other variables do nothing and say so.
+    let (args, report) = mapped(&[
+        ("TRACING_ENABLED", "false"),
+        ("TRACING_SERVICE_NAME", "rl"),
+        ("TRACING_SAMPLING_RATE", "0.5"),
+    ]);
+    assert_eq!(args.tracing.settings().unwrap(), None);
+    assert_eq!(
+        warned(&report),
+        ["TRACING_SERVICE_NAME", "TRACING_SAMPLING_RATE"]
+    );
+    // On alone: the reference's service name and transport, every trace sampled.
+    let (args, _) = mapped(&[("TRACING_ENABLED", "true")]);
+    let settings = args.tracing.settings().unwrap().unwrap();
+    assert_eq!(settings.service_name, "RateLimit");
+    assert_eq!(settings.protocol, OtlpProtocol::Http);
+    assert_eq!(settings.sampling_rate, 1.0);
+    // The standard protocol variable picks the transport when nothing else does.
+    let (args, _) = mapped(&[
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    ]);
+    assert_eq!(args.tracing.otlp_protocol, OtlpProtocol::Grpc);
+    // Flags win; --otlp-endpoint alone turns tracing on with floodgate's own name.
+    let (args, report) = run(
+        &[
+            "--otlp-endpoint",
+            "http://collector:4318",
+            "--otlp-protocol",
+            "http",
+            "--tracing-sampling-rate",
+            "0.1",
+        ],
+        &[
+            ("TRACING_ENABLED", "false"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("TRACING_SAMPLING_RATE", "1"),
+        ],
+    )
+    .unwrap();
+    let settings = args.tracing.settings().unwrap().unwrap();
+    assert_eq!(settings.endpoint.as_deref(), Some("http://collector:4318"));
+    assert_eq!(settings.protocol, OtlpProtocol::Http);
+    assert_eq!(settings.sampling_rate, 0.1);
+    assert_eq!(settings.service_name, "floodgate");
+    assert!(
+        report
+            .overridden
+            .contains(&("TRACING_ENABLED", "--otlp-endpoint"))
+    );
+    for bad in [
+        &[("TRACING_ENABLED", "yes please")][..],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "udp"),
+        ],
+        &[("TRACING_ENABLED", "true"), ("TRACING_SAMPLING_RATE", "2")],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ],
     ] {
         error(bad);
     }

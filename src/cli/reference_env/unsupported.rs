@@ -69,7 +69,6 @@ const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (
 const NO_PER_SECOND_REDIS: &str = "no separate per-second Redis; every limit uses one backend";
 const LEGACY_HEADER_NAMES: &str =
     "the legacy headers are always RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset";
-const NO_TRACING: &str = "no OpenTelemetry tracing";
 
 /// The reference variables floodgate recognises but does not honour. First match wins, so
 /// exact names come before a family that would include them.
@@ -184,8 +183,6 @@ const UNSUPPORTED: &[Ignored] = &[
         "readiness always drops while the backend is unreachable",
     ),
     family("MEMCACHE_", "no memcache backend"),
-    exact("TRACING_ENABLED", when_false, NO_TRACING),
-    family("TRACING_", NO_TRACING),
 ];
 
 #[cfg(test)]
@@ -193,7 +190,7 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 49] = [
+    const MAPPED: [&str; 55] = [
         "GRPC_SERVER_USE_TLS",
         "GRPC_SERVER_TLS_CERT",
         "GRPC_SERVER_TLS_KEY",
@@ -221,6 +218,12 @@ mod tests {
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "RESPONSE_DYNAMIC_METADATA",
+        "TRACING_ENABLED",
+        "TRACING_EXPORTER_PROTOCOL",
+        "TRACING_SERVICE_NAME",
+        "TRACING_SERVICE_NAMESPACE",
+        "TRACING_SERVICE_INSTANCE_ID",
+        "TRACING_SAMPLING_RATE",
         "HOST",
         "PORT",
         "GRPC_HOST",

@@ -712,9 +712,9 @@ descriptors:
 }
 
 #[test]
-fn a_value_that_cannot_be_blanked_stops_the_checks_but_is_reported_once() {
-    // A block scalar as a list entry: replacing its text still leaves a string. The
-    // file fails with that error alone; its other checks wait for the fix.
+fn a_block_scalar_list_entry_hides_nothing() {
+    // Once a limit of the text repair (a block scalar stayed a string, and the file's
+    // other checks waited for the fix): the walk reads the tree, so both errors show.
     let yaml = "\
 domain: d
 descriptors:
@@ -724,13 +724,14 @@ descriptors:
     rate_limit: {unit: parsec}
 ";
     let errors = errors(yaml);
-    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors.len(), 2, "{errors:#?}");
     assert_eq!(errors[0].path, "descriptors[0]");
     assert!(
         errors[0].message.contains("invalid type: string"),
         "{}",
         errors[0]
     );
+    assert_eq!(errors[1].path, "descriptors[1].rate_limit.unit");
 }
 
 #[test]

@@ -78,19 +78,14 @@ pub struct SyntaxError {
     pub message: String,
 }
 
-/// A collection being built.
+/// A collection being built: a mapping's children alternate key, value.
 struct Open {
     line: usize,
     at: usize,
     first: NodeId,
     anchor: usize,
-    kind: OpenKind,
-}
-
-enum OpenKind {
-    Seq(Vec<NodeId>),
-    /// Entries so far and the key waiting for its value.
-    Map(Vec<Entry>, Option<NodeId>),
+    is_map: bool,
+    children: Vec<NodeId>,
 }
 
 impl Tree {
@@ -153,24 +148,27 @@ impl Tree {
                             message: "recursion limit exceeded".to_owned(),
                         });
                     }
-                    let kind = match event {
-                        Event::SequenceStart(..) => OpenKind::Seq(Vec::new()),
-                        _ => OpenKind::Map(Vec::new(), None),
-                    };
                     stack.push(Open {
                         line,
                         at,
                         first: tree.nodes.len(),
                         anchor,
-                        kind,
+                        is_map: matches!(event, Event::MappingStart(..)),
+                        children: Vec::new(),
                     });
                     continue;
                 }
                 Event::SequenceEnd | Event::MappingEnd => {
                     let Some(open) = stack.pop() else { continue };
-                    let kind = match open.kind {
-                        OpenKind::Seq(items) => Kind::Seq(items),
-                        OpenKind::Map(entries, _) => Kind::Map(entries),
+                    let kind = if open.is_map {
+                        let pairs = open.children.chunks_exact(2);
+                        let entry = |pair: &[NodeId]| Entry {
+                            key: pair[0],
+                            value: pair[1],
+                        };
+                        Kind::Map(pairs.map(entry).collect())
+                    } else {
+                        Kind::Seq(open.children)
                     };
                     let id = tree.push(open.line, open.at, open.first, open.anchor, kind);
                     tree.attach(&mut stack, &mut anchors, id, open.anchor);
@@ -209,17 +207,9 @@ impl Tree {
             }
             anchors[anchor] = Some(id);
         }
-        match stack.last_mut().map(|open| &mut open.kind) {
-            None => {
-                if self.root.is_none() {
-                    self.root = Some(id);
-                }
-            }
-            Some(OpenKind::Seq(items)) => items.push(id),
-            Some(OpenKind::Map(entries, pending)) => match pending.take() {
-                None => *pending = Some(id),
-                Some(key) => entries.push(Entry { key, value: id }),
-            },
+        match stack.last_mut() {
+            Some(open) => open.children.push(id),
+            None => self.root = self.root.or(Some(id)),
         }
     }
 
@@ -260,43 +250,28 @@ fn block_header(chars: &[char], line: usize, at: usize) -> (usize, usize) {
     }
 }
 
-/// One step of a document path.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Segment {
-    Key(String),
-    Index(usize),
-}
-
 /// A path into the document, displayed like `descriptors[2].rate_limit.unit`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct DocPath(Vec<Segment>);
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DocPath(String);
 
 impl DocPath {
     /// The path extended by a mapping key.
     pub fn key(&self, key: &str) -> DocPath {
-        let mut segments = self.0.clone();
-        segments.push(Segment::Key(key.to_owned()));
-        DocPath(segments)
+        match self.0.as_str() {
+            "" => DocPath(key.to_owned()),
+            path => DocPath(format!("{path}.{key}")),
+        }
     }
 
     /// The path extended by a sequence index.
     pub fn index(&self, index: usize) -> DocPath {
-        let mut segments = self.0.clone();
-        segments.push(Segment::Index(index));
-        DocPath(segments)
+        DocPath(format!("{}[{index}]", self.0))
     }
 }
 
 impl fmt::Display for DocPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, segment) in self.0.iter().enumerate() {
-            match segment {
-                Segment::Key(key) if i == 0 => f.write_str(key)?,
-                Segment::Key(key) => write!(f, ".{key}")?,
-                Segment::Index(index) => write!(f, "[{index}]")?,
-            }
-        }
-        Ok(())
+        f.write_str(&self.0)
     }
 }
 

@@ -222,8 +222,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Every error found, in line order: within a line key errors, then type errors (each
-    /// in document order), then rule errors.
+    /// Every error found, once, in line order: within a line key errors, then type errors
+    /// (each in document order), then rule errors.
     pub fn finish(mut self) -> Vec<ConfigError> {
         self.errors
             .sort_by_key(|(rank, order, error)| (error.line.unwrap_or(usize::MAX), *rank, *order));

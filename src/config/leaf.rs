@@ -266,31 +266,25 @@ mod tests {
     #[test]
     fn counts_and_their_errors_read_as_serde_words_them() {
         assert_eq!(count(&plain("0b101")), Ok(5));
-        let fails = |kind: Kind| count(&kind).unwrap_err();
-        assert_eq!(
-            fails(plain("ten")),
-            "invalid type: string \"ten\", expected u32"
-        );
-        assert_eq!(
-            fails(plain("-1")),
-            "invalid type: integer `-1`, expected u32"
-        );
-        assert_eq!(
-            fails(plain("1.5")),
-            "invalid type: floating point `1.5`, expected u32"
-        );
-        assert_eq!(
-            fails(quoted("5")),
-            "invalid type: string \"5\", expected u32"
-        );
-        assert_eq!(
-            fails(plain("4294967296")),
-            "invalid value: integer `4294967296`, expected u32"
-        );
-        assert_eq!(
-            fails(Kind::Seq(Vec::new())),
-            "invalid type: sequence, expected u32"
-        );
+        for (kind, message) in [
+            (plain("ten"), "invalid type: string \"ten\", expected u32"),
+            (plain("-1"), "invalid type: integer `-1`, expected u32"),
+            (
+                plain("1.5"),
+                "invalid type: floating point `1.5`, expected u32",
+            ),
+            (quoted("5"), "invalid type: string \"5\", expected u32"),
+            (
+                plain("4294967296"),
+                "invalid value: integer `4294967296`, expected u32",
+            ),
+            (
+                Kind::Seq(Vec::new()),
+                "invalid type: sequence, expected u32",
+            ),
+        ] {
+            assert_eq!(count(&kind).unwrap_err(), message);
+        }
     }
 
     #[test]

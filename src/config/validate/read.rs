@@ -246,11 +246,17 @@ impl<'a> Reader<'a> {
 
     fn type_error(&mut self, found: &Found, message: String) {
         if found.scope.structure {
-            let node = self.tree.node(found.node);
-            let line = found.scope.line.unwrap_or(node.line);
-            let error = self.error(&found.path, line, message);
-            self.errors.push((Rank::Type, node.at, error));
+            self.limit_error(found, message);
         }
+    }
+
+    /// An error at `found` reported whatever the scope: a limit of the walk, which must
+    /// fail the file even where key and type errors are not repeated.
+    fn limit_error(&mut self, found: &Found, message: String) {
+        let node = self.tree.node(found.node);
+        let line = found.scope.line.unwrap_or(node.line);
+        let error = self.error(&found.path, line, message);
+        self.errors.push((Rank::Type, node.at, error));
     }
 
     /// A rule error about `map`, or about its `field`: dropped when the rules do not hold
@@ -291,10 +297,7 @@ impl<'a> Reader<'a> {
             // every alias is lost.
             if self.budget > 0 {
                 self.budget = 0;
-                let line = found.scope.line.unwrap_or(found.line);
-                let error = self.error(&found.path, line, "repetition limit exceeded".to_owned());
-                let at = self.tree.node(found.node).at;
-                self.errors.push((Rank::Type, at, error));
+                self.limit_error(&found, "repetition limit exceeded".to_owned());
             }
             return None;
         }
@@ -496,7 +499,7 @@ impl<'a> Reader<'a> {
             }
         };
         if self.depth >= MAX_DEPTH {
-            self.type_error(&found, "recursion limit exceeded".to_owned());
+            self.limit_error(&found, "recursion limit exceeded".to_owned());
             return Vec::new();
         }
         items
@@ -555,7 +558,7 @@ impl<'a> Reader<'a> {
         let found = self.follow(found, Reading::Metadata)?;
         let tree = self.tree;
         if self.depth >= MAX_DEPTH {
-            self.type_error(&found, "recursion limit exceeded".to_owned());
+            self.limit_error(&found, "recursion limit exceeded".to_owned());
             return None;
         }
         let child = |node: NodeId, path: DocPath| Found {

@@ -103,7 +103,7 @@ impl Validator<'_> {
     fn level(&mut self, parent: &mut Map, rule_parent: &str) -> Vec<DescriptorRule> {
         let items = self.read.list(parent, "descriptors", Shape::Descriptor);
         // Composite key (`key` or `key_value`, as the reference builds it) -> first item.
-        let mut seen: HashMap<String, (String, Option<usize>)> = HashMap::new();
+        let mut seen: HashMap<String, (String, usize)> = HashMap::new();
         let mut level = Vec::with_capacity(items.len());
         for mut map in items.into_iter().flatten() {
             let key = self.read.text(&mut map, "key");
@@ -132,16 +132,14 @@ impl Validator<'_> {
             if !unknown {
                 match seen.get(&composite) {
                     Some((first, line)) => {
-                        let at = match line {
-                            Some(line) => format!("{first} (line {line})"),
-                            None => first.clone(),
-                        };
-                        let message =
-                            format!("duplicate descriptor `{composite}`: {at} already defines it");
+                        let message = format!(
+                            "duplicate descriptor `{composite}`: {first} (line {line}) already \
+                             defines it"
+                        );
                         self.read.rule(&map, None, message);
                     }
                     None => {
-                        let first = (map.path.to_string(), Some(map.line()));
+                        let first = (map.path.to_string(), map.line());
                         seen.insert(composite.clone(), first);
                     }
                 }

@@ -4,18 +4,19 @@
 //!    the path). Dotfiles are skipped, so a Kubernetes ConfigMap mount (`..data/` plus
 //!    `name.yaml -> ..data/name.yaml` links) loads each file once, through its link.
 //!    [`load_sources`] does the same for files already in memory.
-//! 2. [`parse_domain`] parses one YAML text with serde_yaml into the raw model (`model`),
-//!    which denies unknown keys. `located` re-reads the text with an event parser to find
-//!    lines, and sweeps for every unknown or repeated key, since serde stops at the first.
-//! 3. `recover` reads the raw model past those keys and past every wrong-typed value,
-//!    reporting each, so one bad key or value never hides the rest of the file's errors.
-//! 4. `validate` turns the raw model into [`DomainRules`], collecting every error, and
-//!    skips only the checks that depend on a value step 3 could not read.
+//! 2. [`parse_domain`] parses one YAML text once, with `saphyr-parser`, into a tree whose
+//!    nodes know their lines (`tree`); a syntax error stops there, with its line.
+//! 3. One walk over that tree (`validate`) builds [`DomainRules`] and makes every error
+//!    where it finds it, with its line: unknown or repeated keys, wrong types (worded as
+//!    serde words them, `leaf`), and rule violations. One bad key or value never hides the
+//!    rest of the file's errors.
 //!
-//! A file's errors are merged from steps 2 to 4, without duplicates, in line order.
+//! A file's errors come in line order.
 //!
-//! serde_yaml (deprecated upstream) is used nowhere else, so replacing it touches only this
-//! module.
+//! No serde deserializer reads the files: the walk needs every error of a file with its
+//! position, where a derived `Deserialize` stops at the first and keeps no positions.
+//! serde itself only words the type errors (`serde::de::Unexpected`), so they read as they
+//! always have; serde_yaml (deprecated upstream) is not used.
 //!
 //! Choices where the reference format or docs/config.md leaves room (see also `validate`):
 //! - Scalars are read as the reference's YAML 1.1 parser reads them: `value: 1.10` is the
@@ -28,6 +29,8 @@
 //!   the file is still validated. Checks that need a lost value are skipped, not run on its
 //!   default; a misspelt key whose field is absent (`uint:` without `unit:`) counts as that
 //!   field, so it is not also reported missing. A repeated key's value counts as lost.
+//! - Tags (`!!str`) are not interpreted; an alias reads as its anchored node, and its errors
+//!   point at the alias.
 //! - A domain defined twice is kept from the first file in path order; each later file
 //!   gets the error, naming the first. A file's `domain` counts whenever it can be read,
 //!   however broken the rest of that file is.
@@ -36,18 +39,18 @@
 //! - Not supported: merge keys (`<<`, reported as an unknown key) and files with more than
 //!   one YAML document.
 
-mod located;
-mod model;
-mod recover;
+mod leaf;
+mod tree;
 mod validate;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::matcher::DomainRules;
-use located::{DocPath, Located};
+use tree::Tree;
+use validate::Walked;
 
 pub use validate::SLIDING_LOG_MAX_REQUESTS;
 
@@ -222,64 +225,19 @@ pub fn parse_domain(file: &str, yaml: &str) -> Result<DomainRules, Vec<ConfigErr
     parse(file, yaml).rules
 }
 
-/// One file's outcome, with its domain name and line whenever they can be read, so
-/// duplicate domains are found even among invalid files.
-struct Parsed {
-    domain: Option<(String, Option<usize>)>,
-    rules: Result<DomainRules, Vec<ConfigError>>,
-}
-
-fn parse(file: &str, yaml: &str) -> Parsed {
-    let located = Located::parse(yaml);
-    let domain =
-        domain_name(yaml).map(|name| (name, located.line(&DocPath::default().key("domain"))));
-    let problems = located::key_problems(&located);
-    let mut errors: Vec<ConfigError> = problems
-        .iter()
-        .map(|problem| ConfigError {
-            file: file.to_owned(),
-            line: Some(problem.line),
-            path: problem.path.to_string(),
-            message: problem.message.clone(),
-        })
-        .collect();
-    let read = recover::read(file, yaml, &located, &problems);
-    errors.extend(read.errors);
-    match read.raw {
-        Some(Some(raw)) => match validate::domain(file, raw, &located, &read.unreadable) {
-            Ok(rules) if errors.is_empty() => {
-                return Parsed {
-                    domain,
-                    rules: Ok(rules),
-                };
-            }
-            Ok(_) => {}
-            Err(mut invalid) => errors.append(&mut invalid),
+/// One parse, one walk: a text that parses is validated in full; one that does not has
+/// the parser's error alone, since nothing after it can be located.
+fn parse(file: &str, yaml: &str) -> Walked {
+    match Tree::parse(yaml) {
+        Ok(tree) => validate::domain(file, &tree),
+        Err(err) => Walked {
+            domain: None,
+            rules: Err(vec![ConfigError {
+                line: err.line,
+                ..whole_file(file, err.message)
+            }]),
         },
-        Some(None) => errors.push(whole_file(
-            file,
-            "file is empty; expected a mapping with `domain`".to_owned(),
-        )),
-        None => {}
     }
-    let mut seen = HashSet::new();
-    errors.retain(|error| seen.insert(error.clone()));
-    errors.sort_by_key(|error| error.line.unwrap_or(usize::MAX));
-    Parsed {
-        domain,
-        rules: Err(errors),
-    }
-}
-
-/// The top-level `domain` of a file, when it is a non-empty string given once: read on its
-/// own, so no other key or value of the file can hide it.
-fn domain_name(yaml: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct DomainOnly {
-        domain: Option<String>,
-    }
-    let only = serde_yaml::from_str::<DomainOnly>(yaml).ok()?;
-    only.domain.filter(|name| !name.trim().is_empty())
 }
 
 fn whole_file(file: &str, message: String) -> ConfigError {
@@ -287,37 +245,6 @@ fn whole_file(file: &str, message: String) -> ConfigError {
         file: file.to_owned(),
         line: None,
         path: String::new(),
-        message,
-    }
-}
-
-/// Splits serde_yaml's `path: message at line L column C` into its parts.
-fn from_serde(file: &str, err: &serde_yaml::Error) -> ConfigError {
-    let mut message = err.to_string();
-    let line = err.location().map(|location| {
-        let at = format!(" at line {} column {}", location.line(), location.column());
-        if let Some(start) = message.find(&at) {
-            message.replace_range(start..start + at.len(), "");
-        }
-        location.line()
-    });
-    // serde_yaml prefixes the document path unless the error is at the root.
-    let mut path = String::new();
-    if let Some((prefix, rest)) = message.split_once(": ") {
-        let looks_like_path = !prefix.is_empty()
-            && !prefix.contains(' ')
-            && prefix
-                .chars()
-                .all(|c| c.is_alphanumeric() || "_.[]".contains(c));
-        if looks_like_path {
-            path = prefix.to_owned();
-            message = rest.to_owned();
-        }
-    }
-    ConfigError {
-        file: file.to_owned(),
-        line,
-        path,
         message,
     }
 }

@@ -1,27 +1,27 @@
-//! Raw model -> validated [`DomainRules`], collecting every error with its document path.
+//! The one validating walk: a file's tree -> [`DomainRules`], every error with its line.
 //!
 //! The checks mirror envoyproxy/ratelimit's loader (empty key, duplicate composite keys, unit
 //! rules, `replaces` rules) and add floodgate's: extensions must make sense for the algorithm,
 //! and every policy must stay exact in the Lua scripts. Validation never stops at the first
 //! problem: an operator fixing a file sees all of them at once.
 //!
-//! A file may arrive partly read (see `recover`): values lost to an unknown key or a wrong
-//! type are [`Unreadable`]. Errors at or below such a path are dropped (they would repeat
-//! the reported one), and checks that depend on a lost value are skipped rather than run
-//! on its default: the rule they would judge is not the one the operator wrote.
+//! Values come from `read`, which reports keys and types as it goes. A value the file does
+//! not settle is [`Field::Lost`]: checks that depend on it are skipped rather than run on a
+//! default, since the rule they would judge is not the one the operator wrote.
+
+mod read;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::ConfigError;
-use super::located::{DocPath, Located};
-use super::model::{RawDescriptor, RawDomain, RawRateLimit};
-use super::recover::Unreadable;
+use super::tree::Tree;
 use crate::matcher::{DescriptorRule, DomainRules};
 use crate::rules::{
     Algorithm, Limit, MAX_EXACT_INTEGER, Metadata, OnOverLimit, Policy, Rule, Unit,
 };
+use read::{Field, Map, Reader, Shape};
 
 /// The largest `requests_per_unit` of a `sliding_log` rule: the log holds one entry per
 /// admitted request, so its size (memory and script time per call) must stay bounded.
@@ -31,255 +31,268 @@ const UNITS: &str = "second, minute, hour, day, week, month, year";
 const ALGORITHMS: &str =
     "fixed_window, token_bucket, gcra, leaky_bucket, sliding_window, sliding_log";
 
-/// Validates one parsed file. `located` supplies the line of each error's path;
-/// `unreadable` names the values serde could not read (already reported).
-///
-/// # Errors
-/// Every problem found in the file, in document order.
-pub fn domain(
-    file: &str,
-    raw: RawDomain,
-    located: &Located,
-    unreadable: &Unreadable,
-) -> Result<DomainRules, Vec<ConfigError>> {
+/// One file, walked.
+pub struct Walked {
+    /// The top-level `domain` and its line, whenever it reads as a non-blank string given
+    /// once, however broken the rest of the file is.
+    pub domain: Option<(String, Option<usize>)>,
+    /// The rules, or every error of the file in line order.
+    pub rules: Result<DomainRules, Vec<ConfigError>>,
+}
+
+/// Validates one parsed file; `file` labels the errors.
+pub fn domain(file: &str, tree: &Tree) -> Walked {
     let mut v = Validator {
-        file,
-        located,
-        unreadable,
+        read: Reader::new(file, tree),
         domain: String::new(),
-        errors: Vec::new(),
     };
-    let root = DocPath::default();
-    match raw.domain {
-        None => v.error(
-            &root.key("domain"),
-            "missing `domain`: every file names the domain its rules apply to",
-        ),
-        Some(domain) if domain.trim().is_empty() => {
-            v.error(&root.key("domain"), "`domain` must not be empty");
+    let Some(root) = v.read.root() else {
+        let error = ConfigError {
+            file: file.to_owned(),
+            line: None,
+            path: String::new(),
+            message: "file is empty; expected a mapping with `domain`".to_owned(),
+        };
+        return Walked {
+            domain: None,
+            rules: Err(vec![error]),
+        };
+    };
+    let mut found = None;
+    let mut descriptors = Vec::new();
+    if let Some(mut root) = root {
+        match v.read.text(&mut root, "domain") {
+            Field::Absent => v.read.rule(
+                &root,
+                Some("domain"),
+                "missing `domain`: every file names the domain its rules apply to",
+            ),
+            Field::Is(domain) if domain.trim().is_empty() => {
+                v.read
+                    .rule(&root, Some("domain"), "`domain` must not be empty");
+            }
+            Field::Is(domain) => {
+                found = Some((domain.clone(), Some(root.line_of("domain"))));
+                v.domain = domain;
+            }
+            Field::Lost => {}
         }
-        Some(domain) => v.domain = domain,
+        descriptors = v.level(&mut root, "");
     }
-    let descriptors = v.level(
-        raw.descriptors.unwrap_or_default(),
-        &root.key("descriptors"),
-        "",
-    );
-    if v.errors.is_empty() {
+    let rules = if v.read.error_count() > 0 {
+        Err(v.read.finish())
+    } else {
         Ok(DomainRules {
             domain: v.domain,
             descriptors,
         })
-    } else {
-        Err(v.errors)
+    };
+    Walked {
+        domain: found,
+        rules,
     }
 }
 
 struct Validator<'a> {
-    file: &'a str,
-    located: &'a Located,
-    unreadable: &'a Unreadable,
+    read: Reader<'a>,
     domain: String,
-    errors: Vec<ConfigError>,
 }
 
 impl Validator<'_> {
-    fn error(&mut self, path: &DocPath, message: impl Into<String>) {
-        if self.unreadable.covers(path) {
-            return;
-        }
-        self.errors.push(ConfigError {
-            file: self.file.to_owned(),
-            line: self.located.line(path),
-            path: path.to_string(),
-            message: message.into(),
-        });
-    }
-
-    /// One level of siblings. `parent` is the rule path of the enclosing node.
-    fn level(
-        &mut self,
-        raws: Vec<RawDescriptor>,
-        path: &DocPath,
-        parent: &str,
-    ) -> Vec<DescriptorRule> {
-        // Composite key (`key` or `key_value`, as the reference builds it) -> first index.
-        let mut seen: HashMap<String, usize> = HashMap::new();
-        let mut level = Vec::with_capacity(raws.len());
-        for (index, raw) in raws.into_iter().enumerate() {
-            let here = path.index(index);
-            // A key or value that could not be read leaves the composite key unknown.
-            let unknown = self.unreadable.contains(&here.key("key"))
-                || self.unreadable.contains(&here.key("value"));
-            let key = match raw.key.as_deref() {
-                None => {
-                    if !self.unreadable.contains(&here.key("key")) {
-                        self.error(&here, "descriptor has no `key`");
-                    }
+    /// The `descriptors` of `parent`. `rule_parent` is the rule path of the enclosing node.
+    fn level(&mut self, parent: &mut Map, rule_parent: &str) -> Vec<DescriptorRule> {
+        let items = self.read.list(parent, "descriptors", Shape::Descriptor);
+        // Composite key (`key` or `key_value`, as the reference builds it) -> first item.
+        let mut seen: HashMap<String, (String, usize)> = HashMap::new();
+        let mut level = Vec::with_capacity(items.len());
+        for mut map in items.into_iter().flatten() {
+            let key = self.read.text(&mut map, "key");
+            let value = self.read.text(&mut map, "value");
+            let key = match &key {
+                Field::Absent => {
+                    self.read.rule(&map, None, "descriptor has no `key`");
                     ""
                 }
-                Some("") => {
-                    self.error(&here.key("key"), "`key` must not be empty");
+                Field::Is(key) if key.is_empty() => {
+                    self.read.rule(&map, Some("key"), "`key` must not be empty");
                     ""
                 }
-                Some(key) => key,
+                Field::Is(key) => key,
+                Field::Lost => "",
             };
+            // A key or value that could not be read leaves the composite key unknown.
+            let value_known = !value.is_lost();
+            let unknown = key.is_empty() || !value_known;
             // As in the reference, an empty value is no value: the key-only default node.
-            let value = raw.value.as_deref().filter(|value| !value.is_empty());
-            let composite = match value {
+            let value = value.get().filter(|value| !value.is_empty()).cloned();
+            let composite = match &value {
                 Some(value) => format!("{key}_{value}"),
                 None => key.to_owned(),
             };
-            if !key.is_empty() && !unknown {
-                if let Some(&first) = seen.get(&composite) {
-                    let first_path = path.index(first);
-                    let at = match self.located.line(&first_path) {
-                        Some(line) => format!("{first_path} (line {line})"),
-                        None => first_path.to_string(),
-                    };
-                    self.error(
-                        &here,
-                        format!("duplicate descriptor `{composite}`: {at} already defines it"),
-                    );
-                } else {
-                    seen.insert(composite.clone(), index);
+            if !unknown {
+                match seen.get(&composite) {
+                    Some((first, line)) => {
+                        let message = format!(
+                            "duplicate descriptor `{composite}`: {first} (line {line}) already \
+                             defines it"
+                        );
+                        self.read.rule(&map, None, message);
+                    }
+                    None => {
+                        let first = (map.path.to_string(), map.line());
+                        seen.insert(composite.clone(), first);
+                    }
                 }
             }
-            let rule_path = if parent.is_empty() {
+            let rule_path = if rule_parent.is_empty() {
                 composite
             } else {
-                format!("{parent}.{composite}")
+                format!("{rule_parent}.{composite}")
             };
-            level.push(self.descriptor(raw, &here, &rule_path));
+            let key = key.to_owned();
+            level.push(self.descriptor(map, key, (value, value_known), &rule_path));
         }
         level
     }
 
     fn descriptor(
         &mut self,
-        raw: RawDescriptor,
-        path: &DocPath,
+        mut map: Map,
+        key: String,
+        (value, value_known): (Option<String>, bool),
         rule_path: &str,
     ) -> DescriptorRule {
-        let value = raw.value.filter(|value| !value.is_empty());
+        let flag = |v: &mut Self, map: &mut Map, field| v.read.flag(map, field) == Field::Is(true);
+        let share_threshold = self.read.flag(&mut map, "share_threshold");
+        let shadow_mode = flag(self, &mut map, "shadow_mode");
+        let detailed_metric = flag(self, &mut map, "detailed_metric");
+        let value_to_metric = flag(self, &mut map, "value_to_metric");
+        let quota_mode = flag(self, &mut map, "quota_mode");
+        let metadata = self.read.metadata(&mut map, "metadata");
         let wildcard = value.as_deref().is_some_and(|value| value.contains('*'));
-        let value_known = !self.unreadable.contains(&path.key("value"));
-        if raw.share_threshold && !wildcard && value_known {
-            self.error(
-                &path.key("share_threshold"),
+        if share_threshold == Field::Is(true) && !wildcard && value_known {
+            self.read.rule(
+                &map,
+                Some("share_threshold"),
                 "`share_threshold` needs a wildcard `value` (one containing `*`): it makes every \
                  value matching the pattern share one bucket",
             );
         }
         let mut rule = None;
-        if let Some(rate_limit) = raw.rate_limit {
-            let rl_path = path.key("rate_limit");
-            let limit = self.limit(&rate_limit, &rl_path);
-            let name = rate_limit.name.clone().filter(|name| !name.is_empty());
-            // A repeated `name` is not known to be the one a `replaces` entry repeats.
-            let own_name = name
-                .as_deref()
-                .filter(|_| !self.unreadable.contains(&rl_path.key("name")));
-            let replaces = self.replaces(&rate_limit, own_name, &rl_path);
+        if let Some(mut rate_limit) = self.read.child(&mut map, "rate_limit", Shape::RateLimit) {
+            let name = self.read.text(&mut rate_limit, "name");
+            let rl_quota_mode = flag(self, &mut rate_limit, "quota_mode");
+            let limit = self.limit(&mut rate_limit);
+            let own_name = name.get().filter(|name| !name.is_empty());
+            let replaces = self.replaces(&mut rate_limit, own_name.map(String::as_str));
             rule = limit.map(|limit| {
                 Arc::new(Rule {
                     domain: self.domain.clone(),
                     path: rule_path.to_owned(),
-                    name,
+                    name: own_name.cloned(),
                     replaces,
                     limit,
-                    shadow_mode: raw.shadow_mode,
-                    quota_mode: raw.quota_mode || rate_limit.quota_mode,
-                    detailed_metric: raw.detailed_metric,
-                    value_to_metric: raw.value_to_metric,
-                    metadata: raw
-                        .metadata
-                        .map(|metadata| Arc::new(yaml_metadata(metadata))),
+                    shadow_mode,
+                    quota_mode: quota_mode || rl_quota_mode,
+                    detailed_metric,
+                    value_to_metric,
+                    metadata: metadata.map(|metadata| Arc::new(Metadata(metadata))),
                 })
             });
         }
-        let children = self.level(
-            raw.descriptors.unwrap_or_default(),
-            &path.key("descriptors"),
-            rule_path,
-        );
+        self.read.descend();
+        let children = self.level(&mut map, rule_path);
+        self.read.ascend();
         DescriptorRule {
-            key: raw.key.unwrap_or_default(),
+            key,
             value,
-            share_threshold: raw.share_threshold,
-            value_to_metric: raw.value_to_metric,
+            share_threshold: share_threshold == Field::Is(true),
+            value_to_metric,
             rule,
             children,
         }
     }
 
-    fn replaces(
-        &mut self,
-        rate_limit: &RawRateLimit,
-        own_name: Option<&str>,
-        path: &DocPath,
-    ) -> Vec<String> {
+    fn replaces(&mut self, rate_limit: &mut Map, own_name: Option<&str>) -> Vec<String> {
         let mut names = Vec::new();
-        for (index, entry) in rate_limit.replaces.iter().flatten().enumerate() {
-            let here = path.key("replaces").index(index);
-            match entry.name.as_deref() {
-                None | Some("") => {
-                    self.error(
-                        &here.key("name"),
-                        "`replaces` entry needs a non-empty `name`",
-                    );
+        for mut entry in self
+            .read
+            .list(rate_limit, "replaces", Shape::Replaces)
+            .into_iter()
+            .flatten()
+        {
+            let problem = match self.read.text(&mut entry, "name") {
+                Field::Absent => Some("`replaces` entry needs a non-empty `name`".to_owned()),
+                Field::Is(name) if name.is_empty() => {
+                    Some("`replaces` entry needs a non-empty `name`".to_owned())
                 }
-                Some(name) if Some(name) == own_name => self.error(
-                    &here.key("name"),
-                    format!("`replaces` names this rule's own name `{name}`"),
-                ),
-                Some(name) => names.push(name.to_owned()),
+                Field::Is(name) if Some(name.as_str()) == own_name => {
+                    Some(format!("`replaces` names this rule's own name `{name}`"))
+                }
+                Field::Is(name) => {
+                    names.push(name);
+                    None
+                }
+                Field::Lost => None,
+            };
+            if let Some(message) = problem {
+                self.read.rule(&entry, Some("name"), message);
             }
         }
         names
     }
 
     /// The limit of one `rate_limit`, or `None` after recording why it is invalid.
-    fn limit(&mut self, rl: &RawRateLimit, path: &DocPath) -> Option<Limit> {
-        let before = self.errors.len();
-        let unreadable = self.unreadable;
-        let lost = |field: &str| unreadable.contains(&path.key(field));
-        if lost("unlimited") {
+    fn limit(&mut self, rl: &mut Map) -> Option<Limit> {
+        let read = &mut self.read;
+        let unlimited = read.flag(rl, "unlimited");
+        let unit = read.text(rl, "unit");
+        let requests = read.count(rl, "requests_per_unit");
+        let algorithm = read.text(rl, "algorithm");
+        let burst = read.count(rl, "burst");
+        let unit_multiplier = read.count(rl, "unit_multiplier");
+        let on_over_limit = read.text(rl, "on_over_limit");
+        let lockout_seconds = read.count(rl, "lockout_seconds");
+        let before = read.error_count();
+        let unlimited = match unlimited {
             // Limited or not: no check applies to both.
-            return None;
-        }
+            Field::Lost => return None,
+            unlimited => unlimited == Field::Is(true),
+        };
         // The checks of the whole policy below would judge lost values by their defaults.
-        let policy_lost = ["unit", "requests_per_unit", "burst", "unit_multiplier"]
-            .into_iter()
-            .any(lost);
-        if rl.unlimited {
-            if rl.unit.is_some() {
-                self.error(
-                    &path.key("unit"),
+        let policy_lost =
+            unit.is_lost() || requests.is_lost() || burst.is_lost() || unit_multiplier.is_lost();
+        if unlimited {
+            if unit.get().is_some() {
+                read.rule(
+                    rl,
+                    Some("unit"),
                     "`unit` together with `unlimited: true`: an unlimited rule has no window; \
                      remove one of them",
                 );
             }
             let extensions = [
-                ("algorithm", rl.algorithm.is_some()),
-                ("burst", rl.burst.is_some()),
-                ("unit_multiplier", rl.unit_multiplier.is_some()),
-                ("on_over_limit", rl.on_over_limit.is_some()),
-                ("lockout_seconds", rl.lockout_seconds.is_some()),
+                ("algorithm", algorithm.get().is_some()),
+                ("burst", burst.get().is_some()),
+                ("unit_multiplier", unit_multiplier.get().is_some()),
+                ("on_over_limit", on_over_limit.get().is_some()),
+                ("lockout_seconds", lockout_seconds.get().is_some()),
             ];
             for (field, _) in extensions.iter().filter(|(_, set)| *set) {
-                self.error(
-                    &path.key(field),
+                read.rule(
+                    rl,
+                    Some(field),
                     format!("`{field}` has no effect with `unlimited: true`; remove it"),
                 );
             }
-            return (self.errors.len() == before).then_some(Limit::Unlimited);
+            return (read.error_count() == before).then_some(Limit::Unlimited);
         }
 
-        let unit = match rl.unit.as_deref() {
-            None => {
-                self.error(
-                    &path.key("unit"),
+        let unit = match &unit {
+            Field::Absent => {
+                read.rule(
+                    rl,
+                    Some("unit"),
                     format!(
                         "missing `unit` on a limited rule; expected one of: {UNITS} \
                          (or set `unlimited: true`)"
@@ -287,34 +300,36 @@ impl Validator<'_> {
                 );
                 None
             }
-            Some(name) => Unit::parse(name).or_else(|| {
+            Field::Lost => None,
+            Field::Is(name) => Unit::parse(name).or_else(|| {
                 let message = format!("unknown unit `{name}`; expected one of: {UNITS}");
-                self.error(&path.key("unit"), message);
+                read.rule(rl, Some("unit"), message);
                 None
             }),
         };
-        let algorithm = match rl.algorithm.as_deref() {
+        let algorithm = match &algorithm {
             // Unknown, not the default: a `burst` is not misplaced on a lost algorithm.
-            _ if lost("algorithm") => None,
-            None => Some(Algorithm::FixedWindow),
-            Some(name) => Algorithm::parse(name).or_else(|| {
+            Field::Lost => None,
+            Field::Absent => Some(Algorithm::FixedWindow),
+            Field::Is(name) => Algorithm::parse(name).or_else(|| {
                 let message = format!("unknown algorithm `{name}`; expected one of: {ALGORITHMS}");
-                self.error(&path.key("algorithm"), message);
+                read.rule(rl, Some("algorithm"), message);
                 None
             }),
         };
         // Absent means 0, as in the reference: the rule always denies.
-        let requests_per_unit = rl.requests_per_unit.unwrap_or(0);
-        let burst = match rl.burst {
-            None => requests_per_unit,
-            Some(0) => {
-                self.error(&path.key("burst"), "`burst` must be at least 1");
+        let requests_per_unit = requests.get().copied().unwrap_or(0);
+        let burst = match burst {
+            Field::Absent | Field::Lost => requests_per_unit,
+            Field::Is(0) => {
+                read.rule(rl, Some("burst"), "`burst` must be at least 1");
                 0
             }
-            Some(burst) => {
+            Field::Is(burst) => {
                 if let Some(other) = algorithm.filter(|a| *a != Algorithm::TokenBucket) {
-                    self.error(
-                        &path.key("burst"),
+                    read.rule(
+                        rl,
+                        Some("burst"),
                         format!(
                             "`burst` only applies to algorithm token_bucket (or its aliases gcra, \
                              leaky_bucket); this rule uses {other}"
@@ -324,51 +339,56 @@ impl Validator<'_> {
                 burst
             }
         };
-        let unit_multiplier = match rl.unit_multiplier {
-            None => 1,
-            Some(0) => {
-                self.error(
-                    &path.key("unit_multiplier"),
+        let unit_multiplier = match unit_multiplier {
+            Field::Absent | Field::Lost => 1,
+            Field::Is(0) => {
+                read.rule(
+                    rl,
+                    Some("unit_multiplier"),
                     "`unit_multiplier` must be at least 1",
                 );
                 1
             }
-            Some(multiplier) => multiplier,
+            Field::Is(multiplier) => multiplier,
         };
-        let on_over_limit = match rl.on_over_limit.as_deref() {
+        let on_over_limit = match on_over_limit.get() {
             None => OnOverLimit::Reject,
             Some(mode) if mode.eq_ignore_ascii_case("reject") => OnOverLimit::Reject,
             Some(mode) if mode.eq_ignore_ascii_case("consume") => OnOverLimit::Consume,
             Some(mode) => {
-                self.error(
-                    &path.key("on_over_limit"),
+                read.rule(
+                    rl,
+                    Some("on_over_limit"),
                     format!("unknown on_over_limit `{mode}`; expected one of: reject, consume"),
                 );
                 OnOverLimit::Reject
             }
         };
-        let lockout = match rl.lockout_seconds {
-            None => None,
-            Some(0) => {
-                self.error(
-                    &path.key("lockout_seconds"),
+        let lockout = match lockout_seconds {
+            Field::Absent | Field::Lost => None,
+            Field::Is(0) => {
+                read.rule(
+                    rl,
+                    Some("lockout_seconds"),
                     "`lockout_seconds` must be at least 1 (omit it for no lockout)",
                 );
                 None
             }
-            Some(seconds) => Some(Duration::from_secs(u64::from(seconds))),
+            Field::Is(seconds) => Some(Duration::from_secs(u64::from(seconds))),
         };
         if algorithm == Some(Algorithm::SlidingLog) {
             if on_over_limit == OnOverLimit::Consume {
-                self.error(
-                    &path.key("on_over_limit"),
+                read.rule(
+                    rl,
+                    Some("on_over_limit"),
                     "`on_over_limit: consume` is not supported with algorithm sliding_log: its \
                      exact log records admitted requests only",
                 );
             }
             if requests_per_unit > SLIDING_LOG_MAX_REQUESTS {
-                self.error(
-                    &path.key("requests_per_unit"),
+                read.rule(
+                    rl,
+                    Some("requests_per_unit"),
                     format!(
                         "sliding_log keeps one entry per request, so requests_per_unit is capped \
                          at {SLIDING_LOG_MAX_REQUESTS} (got {requests_per_unit}); use \
@@ -390,8 +410,9 @@ impl Validator<'_> {
             .checked_mul(u64::from(unit_multiplier))
             .is_some_and(|window| window <= MAX_EXACT_INTEGER);
         if !window_fits {
-            self.error(
-                &path.key("unit_multiplier"),
+            read.rule(
+                rl,
+                Some("unit_multiplier"),
                 format!(
                     "a window of {unit_multiplier} x {unit} exceeds 2^53 ms, the largest value \
                      the Lua scripts compute exactly"
@@ -409,59 +430,9 @@ impl Validator<'_> {
             lockout,
         };
         if let Err(message) = policy.check_exact_bounds() {
-            self.error(path, message);
+            read.rule(rl, None, message);
         }
-        (self.errors.len() == before).then_some(Limit::Limited(policy))
-    }
-}
-
-/// A descriptor's `metadata` as protobuf-`Struct`-like JSON: keys become strings (YAML 1.1
-/// allows `yes:` or `1:` keys), tags are dropped, and a number JSON cannot hold (NaN, inf)
-/// keeps its YAML spelling as a string.
-fn yaml_metadata(mapping: serde_yaml::Mapping) -> Metadata {
-    Metadata(
-        mapping
-            .into_iter()
-            .map(|(key, value)| (yaml_key(key), yaml_json(value)))
-            .collect(),
-    )
-}
-
-fn yaml_key(key: serde_yaml::Value) -> String {
-    match key {
-        serde_yaml::Value::String(text) => text,
-        serde_yaml::Value::Bool(flag) => flag.to_string(),
-        serde_yaml::Value::Number(number) => number.to_string(),
-        serde_yaml::Value::Null => "null".to_owned(),
-        serde_yaml::Value::Tagged(tagged) => yaml_key(tagged.value),
-        other => serde_yaml::to_string(&other)
-            .map(|text| text.trim_end().to_owned())
-            .unwrap_or_default(),
-    }
-}
-
-fn yaml_json(value: serde_yaml::Value) -> serde_json::Value {
-    use serde_json::Value as Json;
-    match value {
-        serde_yaml::Value::Null => Json::Null,
-        serde_yaml::Value::Bool(flag) => Json::Bool(flag),
-        serde_yaml::Value::Number(number) => number
-            .as_i64()
-            .map(Json::from)
-            .or_else(|| number.as_u64().map(Json::from))
-            .or_else(|| {
-                number
-                    .as_f64()
-                    .and_then(serde_json::Number::from_f64)
-                    .map(Json::Number)
-            })
-            .unwrap_or_else(|| Json::String(number.to_string())),
-        serde_yaml::Value::String(text) => Json::String(text),
-        serde_yaml::Value::Sequence(items) => {
-            Json::Array(items.into_iter().map(yaml_json).collect())
-        }
-        serde_yaml::Value::Mapping(mapping) => Json::Object(yaml_metadata(mapping).0),
-        serde_yaml::Value::Tagged(tagged) => yaml_json(tagged.value),
+        (read.error_count() == before).then_some(Limit::Limited(policy))
     }
 }
 

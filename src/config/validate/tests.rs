@@ -712,9 +712,9 @@ descriptors:
 }
 
 #[test]
-fn a_value_that_cannot_be_blanked_stops_the_checks_but_is_reported_once() {
-    // A block scalar as a list entry: replacing its text still leaves a string. The
-    // file fails with that error alone; its other checks wait for the fix.
+fn a_block_scalar_list_entry_hides_nothing() {
+    // Once a limit of the text repair (a block scalar stayed a string, and the file's
+    // other checks waited for the fix): the walk reads the tree, so both errors show.
     let yaml = "\
 domain: d
 descriptors:
@@ -724,13 +724,15 @@ descriptors:
     rate_limit: {unit: parsec}
 ";
     let errors = errors(yaml);
-    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors.len(), 2, "{errors:#?}");
     assert_eq!(errors[0].path, "descriptors[0]");
+    assert_eq!(errors[0].line, Some(3), "the line of its `|`");
     assert!(
         errors[0].message.contains("invalid type: string"),
         "{}",
         errors[0]
     );
+    assert_eq!(errors[1].path, "descriptors[1].rate_limit.unit");
 }
 
 #[test]
@@ -876,4 +878,59 @@ descriptors:
         .map(|d| *d.rule.as_ref().unwrap().policy().unwrap())
         .collect();
     assert_eq!(policies[0], policies[1]);
+}
+
+#[test]
+fn an_alias_of_a_value_read_as_something_else_is_checked_where_it_is_used() {
+    // The anchor is free-form metadata; used as a rate_limit, it is judged at the alias.
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    metadata: {shared: &r {unit: parsec, zzz: 1}}
+  - key: b
+    rate_limit: *r
+";
+    rejects_all(
+        yaml,
+        &[
+            (6, "descriptors[1].rate_limit.zzz", "unknown key `zzz`"),
+            (6, "descriptors[1].rate_limit.unit", "unknown unit `parsec`"),
+        ],
+    );
+}
+
+#[test]
+fn aliases_expand_within_a_budget() {
+    // Ten aliases of ten aliases of ...: 10^7 nodes if expanded; refused once, early.
+    let mut yaml =
+        "domain: d\ndescriptors:\n  - key: a\n    metadata:\n      l0: &l0 [x]\n".to_owned();
+    for level in 1..8 {
+        let items = vec![format!("*l{}", level - 1); 10].join(", ");
+        yaml.push_str(&format!("      l{level}: &l{level} [{items}]\n"));
+    }
+    let errors = errors(&yaml);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].message, "repetition limit exceeded");
+}
+
+#[test]
+fn metadata_keys_must_differ() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    metadata: {x: 1, y: {z: 1, z: 2}}\n";
+    rejects(
+        yaml,
+        4,
+        "descriptors[0].metadata.y",
+        "duplicate entry with key \"z\"",
+    );
+}
+
+#[test]
+fn too_deep_a_file_is_one_error_with_its_line() {
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: a\n    metadata: {}{}\n",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    rejects(&yaml, 4, "", "recursion limit exceeded");
 }

@@ -357,7 +357,7 @@ impl<'a> Reader<'a> {
             let key_node = tree.node(entry.key);
             let message = match fields().find(|field| *field == key) {
                 None => {
-                    let close = fields().find(|field| edit_distance(key, field) <= 2);
+                    let close = fields().find(|field| strsim::levenshtein(key, field) <= 2);
                     let present = |field: &&str| entries.iter().any(|e| tree.key_text(e) == *field);
                     if key == "<<" {
                         map.scope.rules = false;
@@ -613,34 +613,5 @@ impl<'a> Reader<'a> {
         };
         self.depth -= 1;
         json
-    }
-}
-
-/// Levenshtein distance, for "did you mean" hints on short keys.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edit_distance_counts_single_edits() {
-        assert_eq!(edit_distance("uint", "unit"), 2);
-        assert_eq!(edit_distance("burts", "burst"), 2);
-        assert_eq!(edit_distance("key", "key"), 0);
-        assert_eq!(edit_distance("", "abc"), 3);
     }
 }

@@ -1,5 +1,7 @@
 //! The built binary, run as an operator would: `check-config`, `--version`, `serve`.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -81,14 +83,7 @@ fn version_shows_crate_version_and_git_revision() {
 #[test]
 fn serve_never_prints_the_redis_password() {
     // Unresolvable seed nodes: startup fails fast, after logging its settings.
-    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
+    let out = common::serve_command()
         .env(
             "FLOODGATE_REDIS_URL",
             "redis://app:s3cret@unresolvable.invalid:6379,rediss://app:s3cret@b.invalid:6380",

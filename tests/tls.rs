@@ -235,9 +235,7 @@ async fn key_errors_name_the_file_never_its_contents() {
 
     // The binary, too: it exits 1 naming the path, and prints no key bytes anywhere.
     let config = common::config_dir(&[("tls.yaml", CONFIG)]);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .arg("serve")
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+    let output = common::serve_command()
         .arg("--config")
         .arg(config.path())
         .arg("--grpc-tls-cert")

@@ -343,14 +343,7 @@ async fn with_tracing_off_nothing_is_sent() {
 
 /// Runs `floodgate serve` with settings that must stop it before it listens.
 fn refused(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
+    let out = common::serve_command()
         .args(args)
         .envs(envs.iter().copied())
         .output()

@@ -197,6 +197,20 @@ pub async fn http(method: &str, url: &str, body: &str) -> (u16, String) {
     (status, response.text().await.expect("admin body"))
 }
 
+/// `floodgate serve` on ports the kernel picks on 127.0.0.1, for runs that must stop before
+/// they listen or that never need the address.
+pub fn serve_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"));
+    command.args([
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    command
+}
+
 /// A `floodgate serve` process started from the built binary, with its bound addresses read
 /// from its log, as an operator (or a black-box test) would.
 pub struct Binary {

@@ -1,0 +1,75 @@
+//! The tracing variables: `TRACING_*` and the OTLP protocol variables onto the tracing
+//! flags.
+
+use super::*;
+
+impl Mapper<'_> {
+    /// OpenTelemetry tracing: `TRACING_ENABLED=true` turns it on with the endpoint of the
+    /// standard `OTEL_EXPORTER_OTLP_*` variables, as in the reference; the other `TRACING_*`
+    /// variables describe the exporter and the service. The transport comes from
+    /// `TRACING_EXPORTER_PROTOCOL`, else from the standard protocol variables.
+    pub(super) fn tracing(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+        let tracing = &mut args.tracing;
+        if self.claim(OTLP_ENDPOINT, &["TRACING_ENABLED"]) {
+            tracing.tracing_from_environment =
+                self.parse("TRACING_ENABLED", parse_bool)? == Some(true);
+        }
+        let endpoint_given = tracing
+            .otlp_endpoint
+            .as_ref()
+            .is_some_and(|endpoint| !endpoint.is_empty());
+        if !(tracing.tracing_from_environment || endpoint_given) {
+            for variable in TRACING_VARIABLES {
+                if self.is_set(variable) {
+                    self.warn(
+                        variable,
+                        "has no effect without TRACING_ENABLED=true (or --otlp-endpoint)",
+                    );
+                }
+            }
+            return Ok(());
+        }
+        if self.claim(OTLP_PROTOCOL, &["TRACING_EXPORTER_PROTOCOL"]) {
+            let protocol = self.parse("TRACING_EXPORTER_PROTOCOL", |value| {
+                match value.to_ascii_lowercase().as_str() {
+                    "http" => Ok(OtlpProtocol::Http),
+                    "grpc" => Ok(OtlpProtocol::Grpc),
+                    _ => Err(format!("`{value}` is neither http nor grpc")),
+                }
+            })?;
+            tracing.otlp_protocol = protocol.unwrap_or(tracing.otlp_protocol);
+        } else if !self.explicit(OTLP_PROTOCOL)
+            && let Some(name) = OTLP_PROTOCOL_VARIABLES
+                .into_iter()
+                .find(|name| self.is_set(name))
+        {
+            let protocol = self.parse(name, |value| match value {
+                "grpc" => Ok(OtlpProtocol::Grpc),
+                "http/protobuf" => Ok(OtlpProtocol::Http),
+                "http/json" => Err("http/json is not supported; use http/protobuf or grpc".into()),
+                _ => Err(format!("`{value}` is not grpc or http/protobuf")),
+            })?;
+            tracing.otlp_protocol = protocol.unwrap_or(tracing.otlp_protocol);
+        }
+        if self.claim(TRACING_SERVICE_NAME, &["TRACING_SERVICE_NAME"]) {
+            tracing.tracing_service_name = self.get("TRACING_SERVICE_NAME").unwrap_or_default();
+        } else if tracing.tracing_from_environment && !self.explicit(TRACING_SERVICE_NAME) {
+            // The reference's own default: its spans keep the name queries look for.
+            tracing.tracing_service_name = REFERENCE_SERVICE_NAME.to_owned();
+        }
+        if self.claim(TRACING_SERVICE_NAMESPACE, &["TRACING_SERVICE_NAMESPACE"]) {
+            tracing.tracing_service_namespace = self.get("TRACING_SERVICE_NAMESPACE");
+        }
+        if self.claim(
+            TRACING_SERVICE_INSTANCE_ID,
+            &["TRACING_SERVICE_INSTANCE_ID"],
+        ) {
+            tracing.tracing_service_instance_id = self.get("TRACING_SERVICE_INSTANCE_ID");
+        }
+        if self.claim(TRACING_SAMPLING_RATE, &["TRACING_SAMPLING_RATE"]) {
+            let rate = self.parse("TRACING_SAMPLING_RATE", parse_rate)?;
+            tracing.tracing_sampling_rate = rate.unwrap_or(tracing.tracing_sampling_rate);
+        }
+        Ok(())
+    }
+}

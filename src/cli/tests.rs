@@ -1,0 +1,162 @@
+//! The command line: parsing, defaults, env vars, redaction.
+
+use super::*;
+
+fn parse(args: &[&str]) -> Command {
+    let argv = std::iter::once("floodgate").chain(args.iter().copied());
+    Cli::try_parse_from(with_default_command(argv.map(OsString::from)))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_command()
+}
+
+fn serve(args: &[&str]) -> ServeArgs {
+    match parse(args) {
+        Command::Serve(args) => args,
+        other => panic!("expected serve, got {other:?}"),
+    }
+}
+
+#[test]
+fn cli_definition_is_consistent() {
+    use clap::CommandFactory;
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn no_subcommand_means_serve_with_spec_defaults() {
+    let args = serve(&[]);
+    assert_eq!(args.config, PathBuf::from("config"));
+    assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
+    assert_eq!(args.http_addr.to_string(), "0.0.0.0:8080");
+    assert_eq!(args.backend, BackendKind::Memory);
+    assert_eq!(args.redis_url, ["redis://127.0.0.1:6379".parse().unwrap()]);
+    assert_eq!(args.redis_pool_size, 2);
+    assert_eq!(args.backend_timeout_ms, 100);
+    assert_eq!(args.failure_mode, FailureMode::Error);
+    assert_eq!(args.response_headers, ResponseHeaders::Off);
+    assert_eq!(args.local_cache_entries, 10_000);
+    assert!(!args.shadow_mode);
+    assert_eq!(args.log_format, LogFormat::Text);
+    assert_eq!(args.key_prefix, "fg");
+    assert_eq!(args.memory_max_buckets, 1_000_000);
+    assert_eq!(args.drain_timeout_ms, 10_000);
+    assert_eq!(args.health_grace_ms, 2_000);
+}
+
+#[test]
+fn serve_flags_parse_with_or_without_the_subcommand() {
+    let flags = [
+        "--backend",
+        "redis-cluster",
+        "--redis-url",
+        "redis://a:7000,rediss://b:7001",
+        "--failure-mode",
+        "deny",
+        "--response-headers",
+        "ietf",
+        "--shadow-mode",
+        "--log-format",
+        "json",
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ];
+    let bare = serve(&flags);
+    let with_serve = serve(&[&["serve"][..], &flags[..]].concat());
+    for args in [bare, with_serve] {
+        assert_eq!(args.backend, BackendKind::RedisCluster);
+        let urls: Vec<_> = args.redis_url.iter().map(RedisUrl::as_str).collect();
+        assert_eq!(urls, ["redis://a:7000", "rediss://b:7001"]);
+        assert_eq!(args.failure_mode, FailureMode::Deny);
+        assert_eq!(args.response_headers, ResponseHeaders::Ietf);
+        assert!(args.shadow_mode);
+        assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.grpc_addr.port(), 0);
+    }
+}
+
+#[test]
+fn check_config_takes_a_directory() {
+    match parse(&["check-config", "some/dir"]) {
+        Command::CheckConfig { dir } => assert_eq!(dir, PathBuf::from("some/dir")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_values_are_rejected() {
+    for args in [
+        &["--backend", "etcd"][..],
+        &["--redis-url", "http://x"],
+        &["--grpc-addr", "nowhere"],
+        &["--redis-pool-size", "0"],
+        &["--backend-timeout-ms", "0"],
+        &["--memory-max-buckets", "0"],
+        &["check-config"],
+        &["--config", "x", "check-config", "y"],
+    ] {
+        let argv = std::iter::once("floodgate").chain(args.iter().copied());
+        let argv = with_default_command(argv.map(OsString::from));
+        let rejected = match Cli::try_parse_from(argv).map(Cli::into_command) {
+            Err(_) => true,
+            // URLs are checked after parsing, so clap never echoes a password.
+            Ok(Command::Serve(serve)) => serve.check().is_err(),
+            Ok(Command::CheckConfig { .. } | Command::Bench(_)) => false,
+        };
+        assert!(rejected, "{args:?}");
+    }
+}
+
+#[test]
+fn every_serve_flag_has_its_env_var() {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").unwrap();
+    let flags: Vec<_> = serve
+        .get_arguments()
+        .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
+        .collect();
+    assert_eq!(flags.len(), 55);
+    for arg in flags {
+        let long = arg.get_long().unwrap();
+        let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));
+        let env = arg.get_env().and_then(|env| env.to_str());
+        assert_eq!(env, Some(expected.as_str()), "--{long}");
+    }
+}
+
+#[test]
+fn redis_passwords_never_reach_debug_or_display() {
+    let cases = [
+        (
+            "redis://user:s3cret@host:6379/0",
+            "redis://user:***@host:6379/0",
+        ),
+        ("rediss://:s3cret@host", "rediss://:***@host"),
+        ("redis://s3cret@host", "redis://***@host"),
+        (
+            "redis://host:6379?password=s3cret&db=1",
+            "redis://host:6379?password=***&db=1",
+        ),
+        ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+    ];
+    for (url, shown) in cases {
+        let url: RedisUrl = url.parse().unwrap();
+        assert_eq!(url.to_string(), shown);
+        assert!(!format!("{url:?}").contains("s3cret"));
+    }
+    let args = serve(&["--redis-url", "redis://u:s3cret@h:1,redis://u:s3cret@h:2"]);
+    let debug = format!("{args:?}");
+    assert!(
+        !debug.contains("s3cret") && debug.contains("u:***@h:2"),
+        "{debug}"
+    );
+    let bad: RedisUrl = "http://u:s3cret@h".parse().unwrap();
+    let err = bad.check().unwrap_err();
+    assert!(!err.contains("s3cret"), "{err}");
+    let no_scheme: RedisUrl = "u:s3cret@h:6379".parse().unwrap();
+    let err = no_scheme.check().unwrap_err();
+    assert!(
+        !err.contains("s3cret") && err.contains("***@h:6379"),
+        "{err}"
+    );
+}

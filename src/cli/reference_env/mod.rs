@@ -133,41 +133,43 @@ impl Report {
     }
 }
 
-/// A floodgate setting: its clap argument id (the `ServeArgs` field) and its flag.
-#[derive(Debug, Clone, Copy)]
+/// A floodgate setting, by its flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Setting {
-    id: &'static str,
     flag: &'static str,
 }
 
-const fn setting(id: &'static str, flag: &'static str) -> Setting {
-    Setting { id, flag }
+impl Setting {
+    /// Its clap argument id, the `ServeArgs` field: the flag's name with `_` for `-`.
+    fn id(self) -> String {
+        self.flag.trim_start_matches("--").replace('-', "_")
+    }
 }
 
-const CONFIG: Setting = setting("config", "--config");
-const GRPC_ADDR: Setting = setting("grpc_addr", "--grpc-addr");
-const HTTP_ADDR: Setting = setting("http_addr", "--http-addr");
-const BACKEND: Setting = setting("backend", "--backend");
-const REDIS_URL: Setting = setting("redis_url", "--redis-url");
-const REDIS_POOL_SIZE: Setting = setting("redis_pool_size", "--redis-pool-size");
-const RESPONSE_HEADERS: Setting = setting("response_headers", "--response-headers");
-const LOCAL_CACHE_ENTRIES: Setting = setting("local_cache_entries", "--local-cache-entries");
-const SHADOW_MODE: Setting = setting("shadow_mode", "--shadow-mode");
-const LOG_FORMAT: Setting = setting("log_format", "--log-format");
-const KEY_PREFIX: Setting = setting("key_prefix", "--key-prefix");
-const GRPC_TLS_CERT: Setting = setting("grpc_tls_cert", "--grpc-tls-cert");
-const GRPC_TLS_KEY: Setting = setting("grpc_tls_key", "--grpc-tls-key");
-const GRPC_TLS_CLIENT_CA: Setting = setting("grpc_tls_client_ca", "--grpc-tls-client-ca");
-const GRPC_TLS_CLIENT_SAN: Setting = setting("grpc_tls_client_san", "--grpc-tls-client-san");
-const GRPC_MAX_CONNECTION_AGE: Setting =
-    setting("grpc_max_connection_age", "--grpc-max-connection-age");
-const GRPC_MAX_CONNECTION_AGE_GRACE: Setting = setting(
-    "grpc_max_connection_age_grace",
-    "--grpc-max-connection-age-grace",
-);
-const REDIS_TLS_CLIENT_CERT: Setting = setting("redis_tls_client_cert", "--redis-tls-client-cert");
-const REDIS_TLS_CLIENT_KEY: Setting = setting("redis_tls_client_key", "--redis-tls-client-key");
-const REDIS_CA_FILE: Setting = setting("redis_ca_file", "--redis-ca-file");
+const fn setting(flag: &'static str) -> Setting {
+    Setting { flag }
+}
+
+const CONFIG: Setting = setting("--config");
+const GRPC_ADDR: Setting = setting("--grpc-addr");
+const HTTP_ADDR: Setting = setting("--http-addr");
+const BACKEND: Setting = setting("--backend");
+const REDIS_URL: Setting = setting("--redis-url");
+const REDIS_POOL_SIZE: Setting = setting("--redis-pool-size");
+const RESPONSE_HEADERS: Setting = setting("--response-headers");
+const LOCAL_CACHE_ENTRIES: Setting = setting("--local-cache-entries");
+const SHADOW_MODE: Setting = setting("--shadow-mode");
+const LOG_FORMAT: Setting = setting("--log-format");
+const KEY_PREFIX: Setting = setting("--key-prefix");
+const GRPC_TLS_CERT: Setting = setting("--grpc-tls-cert");
+const GRPC_TLS_KEY: Setting = setting("--grpc-tls-key");
+const GRPC_TLS_CLIENT_CA: Setting = setting("--grpc-tls-client-ca");
+const GRPC_TLS_CLIENT_SAN: Setting = setting("--grpc-tls-client-san");
+const GRPC_MAX_CONNECTION_AGE: Setting = setting("--grpc-max-connection-age");
+const GRPC_MAX_CONNECTION_AGE_GRACE: Setting = setting("--grpc-max-connection-age-grace");
+const REDIS_TLS_CLIENT_CERT: Setting = setting("--redis-tls-client-cert");
+const REDIS_TLS_CLIENT_KEY: Setting = setting("--redis-tls-client-key");
+const REDIS_CA_FILE: Setting = setting("--redis-ca-file");
 
 /// The reference variables of the gRPC listener's TLS, with the setting each stands in for;
 /// they apply only with `GRPC_SERVER_USE_TLS=true`, as in the reference.
@@ -184,39 +186,28 @@ const REDIS_TLS_VARIABLES: [(&str, Setting); 3] = [
     ("REDIS_TLS_CLIENT_KEY", REDIS_TLS_CLIENT_KEY),
     ("REDIS_TLS_CACERT", REDIS_CA_FILE),
 ];
-const RESPONSE_DYNAMIC_METADATA: Setting =
-    setting("response_dynamic_metadata", "--response-dynamic-metadata");
-const CONFIG_SOURCE: Setting = setting("config_source", "--config-source");
-const XDS_SERVER: Setting = setting("xds_server", "--xds-server");
-const XDS_NODE_ID: Setting = setting("xds_node_id", "--xds-node-id");
-const XDS_NODE_METADATA: Setting = setting("xds_node_metadata", "--xds-node-metadata");
-const XDS_CLIENT_HEADERS: Setting = setting("xds_client_headers", "--xds-client-headers");
-const XDS_TLS: Setting = setting("xds_tls", "--xds-tls");
-const XDS_TLS_CERT: Setting = setting("xds_tls_cert", "--xds-tls-cert");
-const XDS_TLS_KEY: Setting = setting("xds_tls_key", "--xds-tls-key");
-const XDS_TLS_CA: Setting = setting("xds_tls_ca", "--xds-tls-ca");
-const XDS_TLS_SAN: Setting = setting("xds_tls_san", "--xds-tls-san");
-const XDS_BACKOFF_INITIAL: Setting = setting("xds_backoff_initial_ms", "--xds-backoff-initial-ms");
-const XDS_BACKOFF_MAX: Setting = setting("xds_backoff_max_ms", "--xds-backoff-max-ms");
-const XDS_BACKOFF_JITTER: Setting = setting("xds_backoff_jitter", "--xds-backoff-jitter");
-const FORCE_START: Setting = setting(
-    "force_start_without_initial_config",
-    "--force-start-without-initial-config",
-);
-const HEALTHY_WITH_CONFIG: Setting = setting(
-    "healthy_with_at_least_one_config_loaded",
-    "--healthy-with-at-least-one-config-loaded",
-);
-const OTLP_ENDPOINT: Setting = setting("otlp_endpoint", "--otlp-endpoint");
-const OTLP_PROTOCOL: Setting = setting("otlp_protocol", "--otlp-protocol");
-const TRACING_SERVICE_NAME: Setting = setting("tracing_service_name", "--tracing-service-name");
-const TRACING_SERVICE_NAMESPACE: Setting =
-    setting("tracing_service_namespace", "--tracing-service-namespace");
-const TRACING_SERVICE_INSTANCE_ID: Setting = setting(
-    "tracing_service_instance_id",
-    "--tracing-service-instance-id",
-);
-const TRACING_SAMPLING_RATE: Setting = setting("tracing_sampling_rate", "--tracing-sampling-rate");
+const RESPONSE_DYNAMIC_METADATA: Setting = setting("--response-dynamic-metadata");
+const CONFIG_SOURCE: Setting = setting("--config-source");
+const XDS_SERVER: Setting = setting("--xds-server");
+const XDS_NODE_ID: Setting = setting("--xds-node-id");
+const XDS_NODE_METADATA: Setting = setting("--xds-node-metadata");
+const XDS_CLIENT_HEADERS: Setting = setting("--xds-client-headers");
+const XDS_TLS: Setting = setting("--xds-tls");
+const XDS_TLS_CERT: Setting = setting("--xds-tls-cert");
+const XDS_TLS_KEY: Setting = setting("--xds-tls-key");
+const XDS_TLS_CA: Setting = setting("--xds-tls-ca");
+const XDS_TLS_SAN: Setting = setting("--xds-tls-san");
+const XDS_BACKOFF_INITIAL: Setting = setting("--xds-backoff-initial-ms");
+const XDS_BACKOFF_MAX: Setting = setting("--xds-backoff-max-ms");
+const XDS_BACKOFF_JITTER: Setting = setting("--xds-backoff-jitter");
+const FORCE_START: Setting = setting("--force-start-without-initial-config");
+const HEALTHY_WITH_CONFIG: Setting = setting("--healthy-with-at-least-one-config-loaded");
+const OTLP_ENDPOINT: Setting = setting("--otlp-endpoint");
+const OTLP_PROTOCOL: Setting = setting("--otlp-protocol");
+const TRACING_SERVICE_NAME: Setting = setting("--tracing-service-name");
+const TRACING_SERVICE_NAMESPACE: Setting = setting("--tracing-service-namespace");
+const TRACING_SERVICE_INSTANCE_ID: Setting = setting("--tracing-service-instance-id");
+const TRACING_SAMPLING_RATE: Setting = setting("--tracing-sampling-rate");
 
 /// The reference's tracing variables besides `TRACING_ENABLED`; they do nothing while
 /// tracing is off (in the reference too) and are then reported.
@@ -312,7 +303,7 @@ impl Mapper<'_> {
     /// Whether a flag or `FLOODGATE_*` variable gave `setting`.
     fn explicit(&self, setting: Setting) -> bool {
         !matches!(
-            self.matches.value_source(setting.id),
+            self.matches.value_source(&setting.id()),
             None | Some(ValueSource::DefaultValue)
         )
     }
@@ -416,10 +407,10 @@ impl Mapper<'_> {
         for (variable, setting) in GRPC_TLS_VARIABLES {
             if self.claim(setting, &[variable]) {
                 let value = self.get(variable).unwrap_or_default();
-                match setting.id {
-                    "grpc_tls_cert" => args.grpc_tls_cert = Some(PathBuf::from(value)),
-                    "grpc_tls_key" => args.grpc_tls_key = Some(PathBuf::from(value)),
-                    "grpc_tls_client_ca" => args.grpc_tls_client_ca = Some(PathBuf::from(value)),
+                match setting {
+                    GRPC_TLS_CERT => args.grpc_tls_cert = Some(PathBuf::from(value)),
+                    GRPC_TLS_KEY => args.grpc_tls_key = Some(PathBuf::from(value)),
+                    GRPC_TLS_CLIENT_CA => args.grpc_tls_client_ca = Some(PathBuf::from(value)),
                     _ => args.grpc_tls_client_san = Some(value),
                 }
             }

@@ -35,9 +35,9 @@ impl Mapper<'_> {
         for (variable, setting) in REDIS_TLS_VARIABLES {
             if self.claim(setting, &[variable]) {
                 let path = self.get(variable).map(PathBuf::from);
-                match setting.id {
-                    "redis_tls_client_cert" => args.redis_tls_client_cert = path,
-                    "redis_tls_client_key" => args.redis_tls_client_key = path,
+                match setting {
+                    REDIS_TLS_CLIENT_CERT => args.redis_tls_client_cert = path,
+                    REDIS_TLS_CLIENT_KEY => args.redis_tls_client_key = path,
                     _ => args.redis_ca_file = path,
                 }
             }

@@ -107,8 +107,8 @@ fn setting_ids_name_the_serve_arguments() {
     ] {
         let arg = serve
             .get_arguments()
-            .find(|arg| arg.get_id() == setting.id)
-            .unwrap_or_else(|| panic!("no argument `{}`", setting.id));
+            .find(|arg| arg.get_id() == setting.id().as_str())
+            .unwrap_or_else(|| panic!("no argument `{}`", setting.id()));
         assert_eq!(format!("--{}", arg.get_long().unwrap()), setting.flag);
     }
 }

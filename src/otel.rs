@@ -23,7 +23,7 @@ use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -243,19 +243,9 @@ fn resource(settings: &TracingSettings) -> Resource {
     builder.build()
 }
 
-/// A random version-4 UUID, from the SDK's trace-id generator (128 random bits).
+/// A random version-4 UUID, the default `service.instance.id`.
 fn random_uuid() -> String {
-    let bits = u128::from_be_bytes(RandomIdGenerator::default().new_trace_id().to_bytes());
-    let bits = (bits & !(0xF << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
-    let hex = format!("{bits:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// The span of one `ShouldRateLimit` call, child of the caller's W3C trace context

@@ -19,14 +19,9 @@ limit=20m
 for arg in "$@"; do
     [[ "$arg" == "--quick" ]] && limit=5m
 done
-for tool in redis-server redis-cli redis-benchmark python3; do
-    command -v "$tool" >/dev/null || { echo "bench-report: $tool is required" >&2; exit 2; }
-done
-binary="${FLOODGATE_BINARY:-}"
-if [[ -z "$binary" ]]; then
-    ${FLOODGATE_BUILD_WRAPPER:-} cargo build --release --locked --quiet
-    binary=target/release/floodgate
-fi
+source scripts/lib/common.sh
+require_tools bench-report redis-server redis-cli redis-benchmark python3
+binary=$(floodgate_binary)
 exec timeout --signal=TERM --kill-after=30s "$limit" \
     python3 scripts/lib/bench_report.py --binary "$binary" \
     --argv "scripts/bench-report.sh $*" "$@"

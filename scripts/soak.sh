@@ -19,13 +19,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
-for tool in redis-server redis-cli python3; do
-    command -v "$tool" >/dev/null || { echo "soak: $tool is required" >&2; exit 2; }
-done
-binary="${FLOODGATE_BINARY:-}"
-if [[ -z "$binary" ]]; then
-    ${FLOODGATE_BUILD_WRAPPER:-} cargo build --release --locked --quiet
-    binary=target/release/floodgate
-fi
+source scripts/lib/common.sh
+require_tools soak redis-server redis-cli python3
+binary=$(floodgate_binary)
 exec timeout --signal=TERM --kill-after=30s 15m \
     python3 scripts/lib/soak.py --binary "$binary" --argv "scripts/soak.sh $*" "$@"

@@ -225,12 +225,8 @@ impl Binary {
     /// Starts `floodgate serve` with `args` on ephemeral loopback ports and waits (bounded)
     /// for the line that announces the bound addresses.
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Binary {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"));
-        command
-            .arg("serve")
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(args)
-            .envs(envs.iter().copied());
+        let mut command = serve_command();
+        command.args(args).envs(envs.iter().copied());
         Binary::spawn(command)
     }
 

@@ -8,6 +8,7 @@
 //! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
 //! - `listener`: the gRPC accept loop and its bounds (connections, streams, age, keepalive).
 //! - `tls`: gRPC server TLS / mTLS from files reloaded on change.
+//! - `admission`: overload shedding; stamps each call's arrival on its connection.
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
 //! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
@@ -25,6 +26,7 @@
 //! - `shutdown`, `telemetry`: signals and logging.
 
 pub mod admin;
+pub mod admission;
 pub mod algorithm;
 pub mod backend;
 pub mod bench;

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::admission::Stamped;
 use crate::tls::ReloadingAcceptor;
 
 /// Default largest decoded gRPC message: far above any real rate-limit request (a few
@@ -63,6 +64,8 @@ pub struct GrpcLimits {
     pub max_connection_age_grace: Duration,
     /// Open connections at most; past it new connections are closed at once.
     pub max_connections: usize,
+    /// Latency target of overload shedding ([`crate::admission`]); None turns it off.
+    pub overload_target: Option<Duration>,
 }
 
 impl Default for GrpcLimits {
@@ -75,6 +78,7 @@ impl Default for GrpcLimits {
             max_connection_age: Some(DEFAULT_MAX_CONNECTION_AGE),
             max_connection_age_grace: DEFAULT_MAX_CONNECTION_AGE_GRACE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            overload_target: Some(crate::admission::DEFAULT_TARGET_LATENCY),
         }
     }
 }
@@ -168,9 +172,13 @@ impl Connection {
             .max_concurrent_streams(limits.max_concurrent_streams)
             .keep_alive_interval(limits.keepalive_interval)
             .keep_alive_timeout(limits.keepalive_timeout)
-            .max_header_list_size(MAX_HEADER_LIST_BYTES);
-        let service: TowerToHyperService<tonic::service::Routes> =
-            TowerToHyperService::new(self.routes.clone());
+            .max_header_list_size(MAX_HEADER_LIST_BYTES)
+            // A caller that gives up resets its stream; under overload many do so before
+            // the stream is taken. h2's default (20 such resets) then closes the whole
+            // connection as a "rapid reset" attack, failing every call on it (clients saw
+            // UNKNOWN and RESOURCE_EXHAUSTED). Up to one per allowed stream stays bounded.
+            .max_pending_accept_reset_streams(Some(limits.max_concurrent_streams as usize));
+        let service = TowerToHyperService::new(Stamped::new(self.routes.clone()));
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let age = limits.max_connection_age.map(jittered);

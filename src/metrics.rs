@@ -127,6 +127,18 @@ pub struct Metrics {
     pub series_overflow: Counter,
     /// 1 while the readiness latch says SERVING, else 0.
     pub ready: Gauge,
+    /// Calls answered at once by the failure mode because they could not be served in
+    /// time, by reason (`crate::admission::ShedReason`).
+    pub shed: Family<ReasonLabels, Counter>,
+    /// The adaptive concurrency limit of overload shedding, in descriptors.
+    pub overload_limit: Gauge,
+}
+
+/// Labels of the shed counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why: `deadline`, `queue` or `concurrency`.
+    pub reason: &'static str,
 }
 
 /// Labels of the decision counter.
@@ -272,6 +284,8 @@ impl Metrics {
             decisions: Family::default(),
             series_overflow: Counter::default(),
             ready: Gauge::default(),
+            shed: Family::default(),
+            overload_limit: Gauge::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -342,6 +356,16 @@ impl Metrics {
             "ready",
             "1 while ready (gRPC health SERVING, /healthcheck 200), else 0",
             metrics.ready.clone(),
+        );
+        fg.register(
+            "shed",
+            "Calls answered at once by the failure mode because they could not be served in time",
+            metrics.shed.clone(),
+        );
+        fg.register(
+            "overload_limit",
+            "Adaptive limit on descriptors in flight before calls are shed",
+            metrics.overload_limit.clone(),
         );
         Metrics {
             registry,
@@ -465,6 +489,11 @@ impl Metrics {
     /// Counts one answer by its code (one of [`DECISION_CODES`]).
     pub fn decided(&self, code: &'static str) {
         self.decisions.get_or_create(&CodeLabels { code }).inc();
+    }
+
+    /// Counts one shed call.
+    pub fn shed(&self, reason: &'static str) {
+        self.shed.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// Counts one backend failure.

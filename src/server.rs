@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
+use crate::admission::{Admission, ShedReason};
 use crate::backend::{self, Backend, BackendError, BackendSettings};
 use crate::config::{self, ConfigErrors};
 use crate::headers::HeaderMode;
@@ -23,7 +24,7 @@ use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::listener::{self, GrpcLimits};
 use crate::matcher::Matcher;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReasonLabels};
 use crate::otel::TracingSettings;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
@@ -234,9 +235,19 @@ impl Server {
         ));
         let reloader = reloader.map(tokio::spawn);
 
+        let admission = self.settings.grpc_limits.overload_target.map(|target| {
+            let metrics = self.limiter.metrics();
+            for reason in ShedReason::ALL {
+                let _ = metrics.shed.get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                });
+            }
+            Arc::new(Admission::new(target, metrics.overload_limit.clone()))
+        });
         let mut service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode)
             .with_dynamic_metadata(self.settings.response_dynamic_metadata)
-            .with_tracing(self.settings.tracing.is_some());
+            .with_tracing(self.settings.tracing.is_some())
+            .with_admission(admission.clone());
         if let Some(client) = &self.xds {
             service = service.with_rules_gate(client.applied());
         }

@@ -17,11 +17,13 @@ use tokio::time::Instant;
 use tonic::metadata::{KeyRef, MetadataMap};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
+use crate::admission::{Admission, Arrival, ShedReason};
 use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
 use crate::limiter::request::InvalidRequest;
+use crate::limiter::request::bounds::MAX_DESCRIPTORS;
 use crate::limiter::{
-    Code, Descriptor, LimitError, LimitOverride, Limiter, Request, Response, Status,
+    Code, Descriptor, FailureMode, LimitError, LimitOverride, Limiter, Request, Response, Status,
 };
 use crate::metrics::Metrics;
 use crate::otel;
@@ -74,6 +76,8 @@ pub struct RlsService {
     traced: bool,
     /// Set when serving may start before the first rules: true once they arrived.
     rules_loaded: Option<watch::Receiver<bool>>,
+    /// Overload shedding of gRPC calls; None serves every call however late.
+    admission: Option<Arc<Admission>>,
 }
 
 impl RlsService {
@@ -85,7 +89,14 @@ impl RlsService {
             dynamic_metadata: false,
             traced: false,
             rules_loaded: None,
+            admission: None,
         }
+    }
+
+    /// Sheds gRPC calls that cannot be served in time (see [`crate::admission`]).
+    pub fn with_admission(mut self, admission: Option<Arc<Admission>>) -> RlsService {
+        self.admission = admission;
+        self
     }
 
     /// Answers UNAVAILABLE until `loaded` turns true, as the reference answers before its
@@ -176,19 +187,77 @@ impl RateLimitService for RlsService {
         &self,
         request: GrpcRequest<RateLimitRequest>,
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
-        let deadline = request
+        let arrival = request.extensions().get::<Arrival>();
+        // The caller's clock started when the stream arrived, not when this task first ran.
+        let arrived = arrival.map_or_else(Instant::now, |arrival| arrival.at);
+        let timeout = request
             .metadata()
             .get("grpc-timeout")
             .and_then(|value| value.to_str().ok())
-            .and_then(parse_grpc_timeout)
-            .map(|timeout| Instant::now() + budget_within(timeout));
+            .and_then(parse_grpc_timeout);
+        let deadline = timeout.map(|timeout| arrived + budget_within(timeout));
+        let descriptors = request.get_ref().descriptors.len();
+        // Oversized or empty requests skip admission: validation rejects them cheaply.
+        let _permit = match &self.admission {
+            Some(admission) if (1..=MAX_DESCRIPTORS).contains(&descriptors) => {
+                match admission.admit(descriptors as u64, arrival, deadline) {
+                    Ok(permit) => Some(permit),
+                    Err(reason) => return self.shed(reason, descriptors),
+                }
+            }
+            _ => None,
+        };
         let response = if self.traced {
             self.decide_traced(request.metadata(), request.get_ref(), deadline)
                 .await?
         } else {
             self.decide(request.get_ref(), deadline).await?
         };
+        if timeout.is_some_and(|timeout| Instant::now() >= arrived + timeout) {
+            // The caller has given up: no answer is encoded for it.
+            return Err(GrpcStatus::deadline_exceeded(
+                "answered after the caller's deadline",
+            ));
+        }
         Ok(GrpcResponse::new(response))
+    }
+}
+
+impl RlsService {
+    /// Answers a shed call at once, as the failure mode answers a failed backend: without
+    /// matching its descriptors, so shedding costs next to nothing.
+    fn shed(
+        &self,
+        reason: ShedReason,
+        descriptors: usize,
+    ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
+        let metrics = self.limiter.metrics();
+        metrics.shed(reason.as_str());
+        let status = match self.limiter.failure_mode() {
+            FailureMode::Error => {
+                metrics.decided("UNAVAILABLE");
+                return Err(GrpcStatus::unavailable(
+                    "rate limit service overloaded: call shed",
+                ));
+            }
+            FailureMode::Allow => Status::unmatched(),
+            FailureMode::Deny => Status {
+                code: Code::OverLimit,
+                ..Status::unmatched()
+            },
+        };
+        let response = Response {
+            overall: status.code,
+            statuses: vec![status; descriptors],
+        };
+        metrics.decided(match response.overall {
+            Code::Ok => "OK",
+            Code::OverLimit => "OVER_LIMIT",
+        });
+        Ok(GrpcResponse::new(to_proto_response(
+            &response,
+            HeaderMode::Off,
+        )))
     }
 }
 

@@ -86,6 +86,8 @@ pub const DEFAULT_GRPC_KEEPALIVE_TIMEOUT: &str = "20s";
 pub const DEFAULT_GRPC_MAX_CONNECTION_AGE: &str = "24h";
 /// Default time in-flight calls get after that GOAWAY (the reference service's default).
 pub const DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE: &str = "1h";
+/// Default overload latency target (`admission::DEFAULT_TARGET_LATENCY`, in Go syntax).
+pub const DEFAULT_OVERLOAD_TARGET_LATENCY: &str = "5ms";
 /// Default xDS node id: the reference's.
 pub const DEFAULT_XDS_NODE_ID: &str = "default";
 /// Default first xDS reconnect delay, in ms.
@@ -316,6 +318,10 @@ pub struct ServeArgs {
     /// Time in-flight calls get after that GOAWAY before the connection is closed.
     #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_name = "DURATION", default_value = DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE)]
     pub grpc_max_connection_age_grace: GoDuration,
+    /// Overload shedding: calls that would wait past this latency are answered at once by
+    /// the failure mode instead of queued (see README, Reliability); 0 turns shedding off.
+    #[arg(long, env = "FLOODGATE_OVERLOAD_TARGET_LATENCY", value_name = "DURATION", default_value = DEFAULT_OVERLOAD_TARGET_LATENCY)]
+    pub overload_target_latency: GoDuration,
     /// PEM client certificate for `rediss://` servers that require one (with
     /// --redis-tls-client-key).
     #[arg(long, env = "FLOODGATE_REDIS_TLS_CLIENT_CERT", value_name = "FILE")]
@@ -456,6 +462,7 @@ impl ServeArgs {
             max_connection_age: nonzero(self.grpc_max_connection_age),
             max_connection_age_grace: self.grpc_max_connection_age_grace.0,
             max_connections: self.grpc_max_connections,
+            overload_target: nonzero(self.overload_target_latency),
         }
     }
 

@@ -339,6 +339,11 @@ impl Limiter {
         self.rules.load_full()
     }
 
+    /// What a failed backend answers (shed calls answer the same).
+    pub fn failure_mode(&self) -> FailureMode {
+        self.options.failure_mode
+    }
+
     /// The metrics this limiter feeds.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics

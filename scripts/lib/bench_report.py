@@ -7,6 +7,14 @@ CPU per decision (INFO cpu, summed over masters) and Redis commands per decision
 commandstats). It also measures the ceiling of Redis itself: `redis-benchmark` replaying
 the exact script call floodgate makes (captured with MONITOR), pipelined. It writes
 BENCHMARKS.md and the raw results as JSON lines beside it.
+
+The overload section (memory and redis, `--overload`) gives every call Envoy's default 20 ms
+deadline and offers more than the service can answer: open loop at 1x, 2x and 4x the
+capacity measured at 64 in flight, closed loop at 8x and 32x that concurrency, and
+64-descriptor requests at 8, 64 and 256 in flight. It reports goodput (answers within the
+deadline per second), shed answers (UNAVAILABLE) per second and the p99 of both. Where the
+machine has at least 2 CPUs, floodgate is pinned to CPU 0 and the generator and Redis to
+the others (taskset).
 """
 
 import argparse
@@ -30,6 +38,22 @@ BACKENDS = ["memory", "redis", "redis-cluster"]
 # Commands that run a script: what floodgate sends per batch of decisions. INFO commandstats
 # also counts the commands scripts run inside Redis (HMGET, HSET, TIME...).
 SCRIPT_CALLS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
+# The overload runs: Envoy's default deadline, and the concurrency where a node saturates.
+OVERLOAD_TIMEOUT = "20ms"
+SATURATING_IN_FLIGHT = 64
+OVERLOAD_BACKENDS = ["memory", "redis"]
+
+
+def pinning():
+    """(floodgate CPUs, generator and Redis CPUs) for taskset, or None on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return str(cpus[0]), ",".join(str(c) for c in cpus[1:])
+
+
+def pinned(cpus, args):
+    return ["taskset", "-c", cpus, *args] if cpus else list(args)
 
 
 def machine():
@@ -141,6 +165,70 @@ def measure(binary, floodgate, masters, run, seconds, harness):
     return result
 
 
+def overload_run(binary, floodgate, harness, seconds, cpus, label, args):
+    """One overload bench: goodput, shed rate and p99s, from the generator's summary."""
+    summary = run_bench(harness, binary, floodgate.target,
+                        ["--keys", "10000", "--connections", "4", "--timeout", OVERLOAD_TIMEOUT,
+                         *args], seconds, name=f"overload-{label.replace(' ', '-')}",
+                        prefix=pinned(cpus, []))
+    elapsed = max(summary["elapsed_s"], 1e-9)
+    shed = summary["errors_by_code"].get("Unavailable", 0)
+    return {
+        "load": label,
+        "goodput_per_s": summary["answered_per_s"],
+        "shed_per_s": round(shed / elapsed, 1),
+        "other_errors_per_s": round((summary["errors"] - shed) / elapsed, 1),
+        "errors_by_code": summary["errors_by_code"],
+        "answered_p99_us": summary["answered_latency_us"]["p99"],
+        "shed_p99_us": summary["unavailable_latency_us"]["p99"],
+    }
+
+
+def overload(binary, floodgate, harness, seconds, cpus):
+    """The overload rows of one backend, with the ratios the targets are stated in; the
+    generator runs on `cpus` (None: anywhere)."""
+    closed = lambda n, d=1: ["--concurrency", str(n), "--descriptors", str(d)]  # noqa: E731
+    run = lambda label, args: overload_run(  # noqa: E731
+        binary, floodgate, harness, seconds, cpus, label, args)
+    rows = [run(f"closed {SATURATING_IN_FLIGHT}", closed(SATURATING_IN_FLIGHT))]
+    capacity = max(rows[0]["goodput_per_s"], 1.0)
+    for factor in (1, 2, 4):
+        rate = int(capacity * factor)
+        rows.append(run(f"open {factor}x", ["--rate", f"{rate}/s", "--concurrency", "20000"]))
+        rows[-1]["offered_per_s"] = rate
+    for factor in (8, 32):
+        n = SATURATING_IN_FLIGHT * factor
+        rows.append(run(f"closed {n}", closed(n)))
+    for n in (8, 64, 256):
+        rows.append(run(f"closed {n} x 64 descriptors", closed(n, 64)))
+    by = {r["load"]: r for r in rows}
+    peak = rows[0]["goodput_per_s"] or 1.0
+    one_x = by["open 1x"]["goodput_per_s"] or 1.0
+    wide_peak = by["closed 8 x 64 descriptors"]["goodput_per_s"] or 1.0
+    ratios = {
+        "open 2x / open 1x": by["open 2x"]["goodput_per_s"] / one_x,
+        "open 4x / open 1x": by["open 4x"]["goodput_per_s"] / one_x,
+        f"closed {SATURATING_IN_FLIGHT * 32} / closed {SATURATING_IN_FLIGHT}":
+            by[f"closed {SATURATING_IN_FLIGHT * 32}"]["goodput_per_s"] / peak,
+        "64 descriptors: closed 256 / closed 8":
+            by["closed 256 x 64 descriptors"]["goodput_per_s"] / wide_peak,
+    }
+    return rows, {k: round(v, 2) for k, v in ratios.items()}
+
+
+def overload_table(rows, ratios):
+    out = ["| load | offered/s | goodput/s | shed/s | other errors/s | p99 answered us "
+           "| p99 shed us |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        offered = f"{r['offered_per_s']:,}" if "offered_per_s" in r else "-"
+        out.append(f"| {r['load']} | {offered} | {r['goodput_per_s']:,.0f} "
+                   f"| {r['shed_per_s']:,.0f} | {r['other_errors_per_s']:,.0f} "
+                   f"| {r['answered_p99_us']} | {r['shed_p99_us']} |")
+    out += ["", "| goodput ratio | value |", "|---|---:|"]
+    out += [f"| {name} | {value} |" for name, value in ratios.items()]
+    return "\n".join(out)
+
+
 def table(results):
     rows = ["| in flight | keys | descriptors | decisions/s | p50 us | p99 us | p99.9 us "
             "| floodgate CPU us/decision | Redis CPU us/decision | script calls/decision "
@@ -158,7 +246,7 @@ def table(results):
     return "\n".join(rows)
 
 
-def write_report(path, meta, results, ceilings, argv):
+def write_report(path, meta, results, ceilings, argv, overloads):
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -197,6 +285,18 @@ def write_report(path, meta, results, ceilings, argv):
     for name, rate in ceilings.items():
         lines.append(f"| {name} | {'failed' if rate is None else f'{rate:,.0f}'} |")
     lines.append("")
+    if overloads:
+        pins = meta.get("pinning")
+        lines += ["## Overload (every call with a 20 ms deadline)", "",
+                  "Goodput is calls answered (OK or OVER_LIMIT) within the deadline per second; "
+                  "shed is UNAVAILABLE answers per second (`--failure-mode error`); other errors "
+                  "are calls the generator gave up on. Open loop offers a multiple of the "
+                  f"goodput at {SATURATING_IN_FLIGHT} in flight; closed loop keeps N calls in "
+                  "flight over 4 connections. "
+                  + (f"floodgate ran on CPU {pins[0]}, the generator and Redis on CPU {pins[1]} "
+                     "(taskset)." if pins else "Nothing was pinned (one CPU)."), ""]
+        for backend, (rows, ratios) in overloads.items():
+            lines += [f"### {backend}", "", overload_table(rows, ratios), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -209,6 +309,8 @@ def main():
     parser.add_argument("--out", default="BENCHMARKS.md")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--argv", default="scripts/bench-report.sh")
+    parser.add_argument("--overload", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the overload section (memory and redis)")
     args = parser.parse_args()
     matrix = QUICK if args.quick else FULL
     seconds = args.seconds or (3 if args.quick else 10)
@@ -217,10 +319,11 @@ def main():
     rules = os.path.join(os.path.dirname(__file__), "..", "bench-rules")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
+    pins = pinning() if args.overload else None
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
-            "machine": machine(), "seconds": seconds}
+            "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
-    results, ceilings = [], {}
+    results, ceilings, overloads = [], {}, {}
     started = time.monotonic()
     try:
         for backend in args.backends.split(","):
@@ -246,6 +349,19 @@ def main():
                             "backend", "in_flight", "keys", "descriptors", "decisions_per_s",
                             "floodgate_cpu_us_per_decision", "redis_cpu_us_per_decision")}))
                         results.append(result)
+            if args.overload and backend in OVERLOAD_BACKENDS:
+                # Its own floodgate (pinned), so the runs above are not changed by pinning.
+                floodgate.stop()
+                floodgate = Floodgate(harness, args.binary, rules, backend, urls,
+                                      prefix=pinned(pins and pins[0], []))
+                generator_cpus = pins and pins[1]
+                for master in masters:
+                    if generator_cpus:
+                        subprocess.run(["taskset", "-a", "-p", "-c", generator_cpus,
+                                        str(master.proc.pid)], capture_output=True, check=True)
+                overloads[backend] = overload(args.binary, floodgate, harness, seconds,
+                                              generator_cpus)
+                log(f"overload {backend}: {json.dumps(overloads[backend][1])}")
             if masters:
                 # On a cluster, MONITOR on one master sees only its slots: enough calls
                 # are made (capture_script_call) that some land there.
@@ -262,7 +378,12 @@ def main():
         with open(raw, "w") as f:
             for result in results:
                 f.write(json.dumps(result) + "\n")
-        write_report(args.out, meta, results, ceilings, args.argv)
+        with open(raw, "a") as f:
+            for backend, (rows, ratios) in overloads.items():
+                for row in rows:
+                    f.write(json.dumps({"backend": backend, "overload": row}) + "\n")
+                f.write(json.dumps({"backend": backend, "overload_ratios": ratios}) + "\n")
+        write_report(args.out, meta, results, ceilings, args.argv, overloads)
         log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
     finally:
         harness.close()

@@ -296,12 +296,14 @@ class RedisCluster:
 class Floodgate:
     """One `floodgate serve` on free loopback ports, ready once /healthcheck says 200."""
 
-    def __init__(self, harness, binary, config_dir, backend, urls=(), extra=(), name=None):
+    def __init__(self, harness, binary, config_dir, backend, urls=(), extra=(), name=None,
+                 prefix=()):
+        """`prefix` goes before the command (e.g. `taskset -c 0`)."""
         self.harness = harness
         self.grpc_port = free_port()
         self.http_port = free_port()
         self.name = name or f"floodgate-{self.grpc_port}"
-        self.args = [binary, "serve", "--config", config_dir, "--backend", backend,
+        self.args = [*prefix, binary, "serve", "--config", config_dir, "--backend", backend,
                      "--grpc-addr", f"{LOOPBACK}:{self.grpc_port}",
                      "--http-addr", f"{LOOPBACK}:{self.http_port}",
                      "--health-grace-ms", "0", *extra]
@@ -346,13 +348,14 @@ class Floodgate:
 class Bench:
     """One `floodgate bench` process; its JSON summary is read by `result()`."""
 
-    def __init__(self, harness, binary, target, args, name="bench"):
+    def __init__(self, harness, binary, target, args, name="bench", prefix=()):
         self.harness = harness
         self.name = name
         self.out = os.path.join(harness.dir, f"{name}.json")
         with open(self.out, "wb") as stdout:
             self.proc = harness.spawn(
-                [binary, "bench", "--target", target, "--quiet", *args], name, stdout=stdout)
+                [*prefix, binary, "bench", "--target", target, "--quiet", *args], name,
+                stdout=stdout)
 
     def result(self, timeout):
         """Waits (bounded) and returns the summary; raises if the run failed."""
@@ -368,7 +371,7 @@ class Bench:
             return json.loads(f.read().strip().splitlines()[-1])
 
 
-def run_bench(harness, binary, target, args, seconds, name="bench"):
+def run_bench(harness, binary, target, args, seconds, name="bench", prefix=()):
     """Runs one bench of at most `seconds` (its --duration) and returns its summary."""
-    return Bench(harness, binary, target, ["--duration", f"{seconds}s", *args], name).result(
-        seconds + 30)
+    return Bench(harness, binary, target, ["--duration", f"{seconds}s", *args], name,
+                 prefix).result(seconds + 30)

@@ -53,6 +53,10 @@ impl Live {
 #[derive(Debug)]
 pub struct Tally {
     latency_us: Histogram<u64>,
+    /// Latency of answered calls (OK or OVER_LIMIT) only.
+    answered_us: Histogram<u64>,
+    /// Latency of UNAVAILABLE answers only: under overload, the calls the service shed.
+    unavailable_us: Histogram<u64>,
     ok: u64,
     over_limit: u64,
     errors: u64,
@@ -81,9 +85,12 @@ pub struct Call {
 impl Tally {
     /// An empty tally; `record_window` keeps per-key results in windows of that length.
     pub fn new(record_window: Option<Duration>) -> Tally {
+        let histogram =
+            || Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds");
         Tally {
-            latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
-                .expect("valid histogram bounds"),
+            latency_us: histogram(),
+            answered_us: histogram(),
+            unavailable_us: histogram(),
             ok: 0,
             over_limit: 0,
             errors: 0,
@@ -102,6 +109,13 @@ impl Tally {
         let micros = u64::try_from(call.latency.as_micros()).unwrap_or(u64::MAX);
         self.latency_us.saturating_record(micros.max(1));
         match call.outcome {
+            Outcome::Ok | Outcome::OverLimit => self.answered_us.saturating_record(micros.max(1)),
+            Outcome::Error(tonic::Code::Unavailable) => {
+                self.unavailable_us.saturating_record(micros.max(1));
+            }
+            Outcome::Error(_) => {}
+        }
+        match call.outcome {
             Outcome::Ok => self.ok += 1,
             Outcome::OverLimit => self.over_limit += 1,
             Outcome::Error(code) => {
@@ -119,9 +133,13 @@ impl Tally {
 
     /// Adds `other` into this tally.
     pub fn merge(&mut self, other: Tally) {
-        self.latency_us
-            .add(&other.latency_us)
-            .expect("histograms of equal bounds");
+        for (mine, theirs) in [
+            (&mut self.latency_us, &other.latency_us),
+            (&mut self.answered_us, &other.answered_us),
+            (&mut self.unavailable_us, &other.unavailable_us),
+        ] {
+            mine.add(theirs).expect("histograms of equal bounds");
+        }
         self.ok += other.ok;
         self.over_limit += other.over_limit;
         self.errors += other.errors;
@@ -147,7 +165,7 @@ impl Tally {
     /// The run's summary, over `elapsed`.
     pub fn summary(&self, mode: Mode, elapsed: Duration) -> Summary {
         let seconds = elapsed.as_secs_f64().max(f64::EPSILON);
-        let quantile = |q: f64| self.latency_us.value_at_quantile(q);
+        let answered = self.ok + self.over_limit;
         Summary {
             mode,
             elapsed_s: round3(seconds),
@@ -159,14 +177,10 @@ impl Tally {
             over_limit: self.over_limit,
             errors: self.errors,
             errors_by_code: self.errors_by_code.clone(),
-            latency_us: Latency {
-                p50: quantile(0.50),
-                p90: quantile(0.90),
-                p99: quantile(0.99),
-                p99_9: quantile(0.999),
-                max: self.latency_us.max(),
-                mean: round1(self.latency_us.mean()),
-            },
+            answered_per_s: round1(answered as f64 / seconds),
+            latency_us: Latency::of(&self.latency_us),
+            answered_latency_us: Latency::of(&self.answered_us),
+            unavailable_latency_us: Latency::of(&self.unavailable_us),
         }
     }
 }
@@ -220,8 +234,16 @@ pub struct Summary {
     pub errors: u64,
     /// Failed calls by gRPC code.
     pub errors_by_code: BTreeMap<String, u64>,
+    /// Calls answered (OK or OVER_LIMIT) per second: the goodput, since the client gives
+    /// up on a call at its deadline.
+    pub answered_per_s: f64,
     /// Call latency percentiles, in microseconds.
     pub latency_us: Latency,
+    /// Latency of the answered calls only.
+    pub answered_latency_us: Latency,
+    /// Latency of the UNAVAILABLE answers only (under overload: how fast shed calls are
+    /// answered).
+    pub unavailable_latency_us: Latency,
 }
 
 /// Latency percentiles in microseconds.
@@ -240,6 +262,21 @@ pub struct Latency {
     pub max: u64,
     /// Mean.
     pub mean: f64,
+}
+
+impl Latency {
+    /// The percentiles of `histogram` (all 0 when it is empty).
+    fn of(histogram: &Histogram<u64>) -> Latency {
+        let quantile = |q: f64| histogram.value_at_quantile(q);
+        Latency {
+            p50: quantile(0.50),
+            p90: quantile(0.90),
+            p99: quantile(0.99),
+            p99_9: quantile(0.999),
+            max: histogram.max(),
+            mean: round1(histogram.mean()),
+        }
+    }
 }
 
 /// Per-key results of `--record`: OK answers per fixed window (epoch-aligned, as floodgate's

@@ -3,14 +3,15 @@
 //! doing useful work rather than answering every call after its deadline.
 //!
 //! Three checks run when a call reaches the handler, before it is decoded into a request:
-//! 1. **Deadline.** A call whose `grpc-timeout` leaves less time than the recent calls took
-//!    to be served is not started: its answer would come too late.
-//! 2. **Queue (CoDel).** Before the handler runs, a call waits in HTTP/2 buffers and in the
-//!    runtime's run queue. That wait (the sojourn, from when the connection took the stream)
-//!    is what grows when the CPU is the bottleneck, and no in-flight count sees it. Once it
-//!    has stayed above the target for a whole interval, calls that waited longer than the
-//!    target are shed until it drops below again. A short burst is absorbed, a standing
-//!    queue is not.
+//! 1. **Deadline.** Before the handler runs, a call waits in HTTP/2 buffers and in the
+//!    runtime's run queue (its sojourn, from when the connection took the stream); its answer
+//!    then waits about as long again on the way out, behind the same queue. A call whose
+//!    `grpc-timeout` leaves less than its sojourn plus the recent service time cannot be
+//!    answered in time, so it is answered now. Only calls that cannot make their deadline
+//!    are shed this way, whatever the load.
+//! 2. **Queue (CoDel).** For calls without a deadline: once the sojourn has stayed above the
+//!    target for a whole interval, calls that waited longer than the target are shed until
+//!    it drops below again. A short burst is absorbed, a standing queue is not.
 //! 3. **Concurrency (AIMD).** Calls in flight, weighted by their descriptors, stay under an
 //!    adaptive limit: raised by a sixteenth each interval in which it was used and answered
 //!    calls stayed under the target latency, cut to 4/5 in an interval over it. This bounds
@@ -54,9 +55,9 @@ const MAX_LIMIT: u64 = 1 << 20;
 /// Why a call was answered without being served (the `reason` of `floodgate_shed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShedReason {
-    /// Its deadline leaves less than the time calls take to be served.
+    /// Its deadline leaves less than its wait so far plus the time calls take to be served.
     Deadline,
-    /// It waited in a standing queue longer than the target.
+    /// It has no deadline and waited in a standing queue longer than the target.
     Queue,
     /// The calls in flight already reach the concurrency limit.
     Concurrency,
@@ -222,14 +223,19 @@ impl Admission {
     ) -> Result<Permit<'_>, ShedReason> {
         let now = Instant::now();
         let arrived = arrival.map_or(now, |arrival| arrival.at);
-        if let Some(deadline) = deadline {
-            let service = Duration::from_micros(self.service_us.load(Ordering::Relaxed));
-            if deadline <= now + service {
-                return Err(ShedReason::Deadline);
+        let sojourn = now.saturating_duration_since(arrived);
+        match deadline {
+            Some(deadline) => {
+                let service = Duration::from_micros(self.service_us.load(Ordering::Relaxed));
+                if deadline <= now + service + sojourn {
+                    return Err(ShedReason::Deadline);
+                }
             }
-        }
-        if self.standing_queue(now, now.saturating_duration_since(arrived)) {
-            return Err(ShedReason::Queue);
+            None => {
+                if self.standing_queue(now, sojourn) {
+                    return Err(ShedReason::Queue);
+                }
+            }
         }
         let connection = arrival.map(|arrival| &arrival.connection);
         let limit = self.limit();
@@ -377,6 +383,19 @@ mod tests {
                 .admit(1, None, Some(now + Duration::from_millis(1)))
                 .is_ok()
         );
+        // A call that waited 6 ms of a 10 ms budget would wait as long again on the way out.
+        let connection = Arc::new(ConnectionLoad::default());
+        tokio::time::advance(Duration::from_millis(6)).await;
+        let now = Instant::now();
+        let waited = arrival(now - Duration::from_millis(6), &connection);
+        let deadline = waited.at + Duration::from_millis(10);
+        assert_eq!(
+            admission.admit(1, Some(&waited), Some(deadline)).err(),
+            Some(ShedReason::Deadline)
+        );
+        let waited = arrival(now - Duration::from_millis(3), &connection);
+        let deadline = waited.at + Duration::from_millis(10);
+        assert!(admission.admit(1, Some(&waited), Some(deadline)).is_ok());
     }
 
     #[tokio::test(start_paused = true)]

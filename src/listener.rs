@@ -41,6 +41,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest header block a client may send: gRPC metadata of a rate-limit call is small.
 const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Streams a client may reset before they were taken, per allowed concurrent stream (see
+/// `Connection::serve`).
+const PENDING_RESETS_PER_STREAM: usize = 4;
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Largest share of the age taken off at random, so connections opened together (by a
@@ -173,11 +176,14 @@ impl Connection {
             .keep_alive_interval(limits.keepalive_interval)
             .keep_alive_timeout(limits.keepalive_timeout)
             .max_header_list_size(MAX_HEADER_LIST_BYTES)
-            // A caller that gives up resets its stream; under overload many do so before
-            // the stream is taken. h2's default (20 such resets) then closes the whole
-            // connection as a "rapid reset" attack, failing every call on it (clients saw
-            // UNKNOWN and RESOURCE_EXHAUSTED). Up to one per allowed stream stays bounded.
-            .max_pending_accept_reset_streams(Some(limits.max_concurrent_streams as usize));
+            // A caller that gives up resets its stream. Under overload many do so before
+            // the starved connection task has taken the stream, and h2's default (20 such
+            // resets, or 1024 through hyper) then closes the whole connection as a "rapid
+            // reset" attack with ENHANCE_YOUR_CALM, failing every call on it: clients saw
+            // RESOURCE_EXHAUSTED and UNKNOWN. A few times the stream limit stays bounded.
+            .max_pending_accept_reset_streams(Some(
+                limits.max_concurrent_streams as usize * PENDING_RESETS_PER_STREAM,
+            ));
         let service = TowerToHyperService::new(Stamped::new(self.routes.clone()));
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);

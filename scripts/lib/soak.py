@@ -4,8 +4,9 @@ A 3-master + 3-replica Redis Cluster and 3 floodgate replicas (backend redis-clu
 --failure-mode error) take steady open-loop load from one `floodgate bench` per replica on
 a set of buckets with a known limit (fixed windows, limit N per bucket), while the script
 reloads the rules every 10 s and, phase by phase: SIGKILLs a master and brings it back,
-SIGSTOPs another master for 5 s, restarts one floodgate replica, and stops every Redis node
-for 10 s. Each phase runs its own bench processes, so every phase has its own figures.
+SIGSTOPs another master for 5 s, restarts one floodgate replica, bursts 32x the saturating
+concurrency (2,048 calls in flight, 20 ms deadline) at every replica for 30 s on other buckets,
+and stops every Redis node for 10 s. Each phase runs its own bench processes, so every phase has its own figures.
 
 Checks, written to a Markdown report:
 - over-admission: OK answers summed over every replica and phase, per bucket and window,
@@ -30,13 +31,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 from harness import (Bench, Floodgate, Harness, RedisCluster, log,  # noqa: E402
                      process_rss_kib, resp, wait_until)
 
-PHASES = ["steady", "master-kill", "master-stop", "replica-restart", "redis-stop"]
+PHASES = ["steady", "master-kill", "master-stop", "replica-restart", "overload", "redis-stop"]
 FULL_PHASE_SECONDS = 120
 KEYS = 30
 RATE_PER_REPLICA = 300
 # Seconds after a fault ends (recovery seen) during which its errors are still expected:
 # clients refresh the slot map and reconnect.
 MARGIN = 3
+# The overload burst: calls in flight per replica (32x the 64 where one node saturates),
+# with Envoy's default deadline, on buckets of their own.
+BURST_IN_FLIGHT = 2048
+BURST_SECONDS = 30
 
 
 def rules(window_s, limit, generation):
@@ -47,7 +52,11 @@ def rules(window_s, limit, generation):
             "    rate_limit:\n"
             "      unit: second\n"
             f"      unit_multiplier: {window_s}\n"
-            f"      requests_per_unit: {limit}\n")
+            f"      requests_per_unit: {limit}\n"
+            "  - key: burst\n"
+            "    rate_limit:\n"
+            "      unit: hour\n"
+            "      requests_per_unit: 1000000000\n")
 
 
 class Soak:
@@ -170,6 +179,24 @@ class Soak:
         self.events.append((start, end, phase, "every Redis node stopped (SIGSTOP) for 10 s",
                             None, None))
 
+    def overload(self, phase):
+        """A burst far past capacity beside the steady load: its goodput is reported, and
+        the steady calls shed meanwhile are expected errors (the failure mode answers them)."""
+        seconds = max(10, min(BURST_SECONDS, round(self.phase_s / 2)))
+        start = time.time()
+        log(f"overload burst: {BURST_IN_FLIGHT} in flight per replica for {seconds} s")
+        bursts = [Bench(self.harness, self.args.binary, r.target, [
+            "--concurrency", str(BURST_IN_FLIGHT), "--connections", "4",
+            "--duration", f"{seconds}s", "--domain", "soak", "--key", "burst",
+            "--keys", "10000", "--timeout", "20ms"], name=f"burst-{i}")
+            for i, r in enumerate(self.replicas)]
+        self.bursts = [b.result(seconds + 60) for b in bursts]
+        end = time.time()
+        goodput = sum(b["answered_per_s"] for b in self.bursts)
+        self.events.append((start, end, phase,
+                            f"burst of {BURST_IN_FLIGHT} calls in flight per replica for "
+                            f"{seconds} s: {goodput:,.0f} answers/s within 20 ms", None, None))
+
     # --- phases ------------------------------------------------------------------------
 
     def run_phase(self, index, name):
@@ -185,7 +212,8 @@ class Soak:
             for i, r in enumerate(self.replicas)]
         phase_start = time.time()
         fault = {"master-kill": self.kill_master, "master-stop": self.stop_master,
-                 "replica-restart": self.restart_replica, "redis-stop": self.stop_redis}.get(name)
+                 "replica-restart": self.restart_replica, "overload": self.overload,
+                 "redis-stop": self.stop_redis}.get(name)
         lead_in = min(5, self.phase_s / 5)
         next_reload = phase_start + self.reload_s
         fault_at = phase_start + lead_in
@@ -294,6 +322,12 @@ class Soak:
                 f"| {errors:,} | {errors - unexpected_here:,} "
                 f"| {max(x['latency_us']['p50'] for x in s)} "
                 f"| {max(x['latency_us']['p99'] for x in s)} |")
+        for burst in getattr(self, "bursts", []):
+            codes = ", ".join(f"{k} {v:,}" for k, v in sorted(burst["errors_by_code"].items()))
+            lines.append("")
+            lines.append(f"Overload burst on one replica: {burst['answered_per_s']:,.0f} answers/s "
+                         f"within the 20 ms deadline, p99 of answers "
+                         f"{burst['answered_latency_us']['p99']} us; failed calls: {codes or 'none'}.")
         lines += ["", "## Errors", ""]
         for (phase, why), buckets in sorted(expected.items()):
             lines.append(f"- {phase}: {sum(buckets.values())} errors on buckets "
@@ -350,7 +384,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", required=True)
     parser.add_argument("--scale", type=float, default=1.0,
-                        help="timeline scale: 1 = 10 minutes, 0.2 = about 2")
+                        help="timeline scale: 1 = 12 minutes, 0.2 = about 2.5")
     parser.add_argument("--out", default="SOAK.md")
     parser.add_argument("--argv", default="scripts/soak.sh")
     args = parser.parse_args()

@@ -59,6 +59,9 @@ pub enum LevelMatch {
 pub struct Matched<'a> {
     /// The rule the descriptor resolves to.
     pub rule: &'a Arc<Rule>,
+    /// The rule's id: its index in [`Matcher::rules`], so per-rule state can live in a
+    /// vector beside the matcher.
+    pub rule_id: usize,
     /// Per level: the entry key, the value naming the bucket (the runtime value, or the
     /// pattern under `share_threshold`), and how the level matched.
     pub levels: Vec<(&'a str, &'a str, LevelMatch)>,
@@ -197,6 +200,8 @@ impl PrefixIndex {
 #[derive(Debug)]
 struct Node {
     rule: Option<Arc<Rule>>,
+    /// The rule's index in `Matcher::rules` (when it has one).
+    rule_id: usize,
     share_threshold: bool,
     value_to_metric: bool,
     children: Level,
@@ -226,7 +231,8 @@ impl Matcher {
         self.domains.contains_key(domain)
     }
 
-    /// Every rule with a rate limit, in load order (for `/rlconfig` and metrics).
+    /// Every rule with a rate limit, in load order (for `/rlconfig` and metrics); a rule's
+    /// index here is its [`Matched::rule_id`].
     pub fn rules(&self) -> &[Arc<Rule>] {
         &self.rules
     }
@@ -249,6 +255,7 @@ impl Matcher {
                 let rule = node.rule.as_ref()?;
                 return Some(Matched {
                     rule,
+                    rule_id: node.rule_id,
                     levels,
                     metric_levels,
                 });
@@ -291,11 +298,13 @@ impl Level {
 fn compile_level(descriptors: Vec<DescriptorRule>, rules: &mut Vec<Arc<Rule>>) -> Level {
     let mut level = Level::default();
     for descriptor in descriptors {
+        let rule_id = rules.len();
         if let Some(rule) = &descriptor.rule {
             rules.push(Arc::clone(rule));
         }
         let node = Node {
             rule: descriptor.rule,
+            rule_id,
             share_threshold: descriptor.share_threshold,
             value_to_metric: descriptor.value_to_metric,
             children: compile_level(descriptor.children, rules),

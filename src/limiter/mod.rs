@@ -9,8 +9,9 @@
 mod local_cache;
 pub mod request;
 
+use std::borrow::Cow;
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -20,7 +21,7 @@ use crate::backend::memory::{Clock, SystemClock};
 use crate::backend::{
     Backend, BackendError, BucketKey, Charge, Group, Item, Outcome, Tally, Weight, undoable,
 };
-use crate::matcher::Matcher;
+use crate::matcher::{Matched, Matcher};
 use crate::metrics::{Metrics, RuleCounters};
 use crate::otel;
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
@@ -93,11 +94,36 @@ pub enum LimitError {
 
 /// The rate-limit engine: the active rules, a backend, and the metrics it feeds.
 pub struct Limiter {
-    rules: ArcSwap<Matcher>,
+    rules: ArcSwap<RuleSet>,
     backend: Arc<dyn Backend>,
     metrics: Arc<Metrics>,
     cache: Option<OverLimitCache>,
     options: LimiterOptions,
+}
+
+/// The rules in force and, per rule id, the metric series of the rule: resolved once, on
+/// first use (so `/metrics` shows a rule only once it was hit, as before), instead of looked
+/// up per descriptor. A reload swaps both together.
+struct RuleSet {
+    matcher: Arc<Matcher>,
+    series: Box<[OnceLock<Arc<RuleCounters>>]>,
+}
+
+impl RuleSet {
+    fn new(matcher: Matcher) -> RuleSet {
+        let series = matcher.rules().iter().map(|_| OnceLock::new()).collect();
+        RuleSet {
+            matcher: Arc::new(matcher),
+            series,
+        }
+    }
+
+    /// The series of a matched rule whose metric key is its path.
+    fn rule_series(&self, metrics: &Metrics, matched: &Matched<'_>) -> Arc<RuleCounters> {
+        let series = self.series[matched.rule_id]
+            .get_or_init(|| metrics.rule(&matched.rule.domain, &matched.rule.path));
+        Arc::clone(series)
+    }
 }
 
 /// What one descriptor needs once its rule is known.
@@ -315,7 +341,7 @@ impl Limiter {
             .then(|| OverLimitCache::new(options.local_cache_entries, options.local_cache_max_age));
         metrics.loaded_rules.set(rules.rules().len() as i64);
         Limiter {
-            rules: ArcSwap::from_pointee(rules),
+            rules: ArcSwap::from_pointee(RuleSet::new(rules)),
             backend,
             metrics,
             cache,
@@ -326,8 +352,8 @@ impl Limiter {
     /// Swaps in new rules atomically; requests in flight finish on the old ones.
     pub fn replace_rules(&self, rules: Matcher) {
         self.metrics.loaded_rules.set(rules.rules().len() as i64);
-        self.rules.store(Arc::new(rules));
-        self.metrics.retain_rules(self.rules.load().rules());
+        self.rules.store(Arc::new(RuleSet::new(rules)));
+        self.metrics.retain_rules(self.rules.load().matcher.rules());
         // A changed limit may have room where the old one had none.
         if let Some(cache) = &self.cache {
             cache.clear();
@@ -336,7 +362,7 @@ impl Limiter {
 
     /// The active rules.
     pub fn rules(&self) -> Arc<Matcher> {
-        self.rules.load_full()
+        Arc::clone(&self.rules.load().matcher)
     }
 
     /// What a failed backend answers (shed calls answer the same).
@@ -412,9 +438,9 @@ impl Limiter {
     }
 
     /// Resolves every descriptor to a plan, applying `replaces` across the request.
-    fn plan(&self, rules: &Matcher, request: &Request) -> Vec<Plan> {
+    fn plan(&self, rules: &RuleSet, request: &Request) -> Vec<Plan> {
         let domain = request.domain.as_str();
-        if !rules.has_domain(domain) {
+        if !rules.matcher.has_domain(domain) {
             return request
                 .descriptors
                 .iter()
@@ -577,10 +603,10 @@ impl Limiter {
 /// A descriptor's rule, its bucket (limited rules only) and its rule counters.
 type Resolved = (Arc<Rule>, Option<BucketKey>, Arc<RuleCounters>);
 
-/// Finds the rule, bucket and metric key of one descriptor; the override, when present in a
-/// known domain, replaces the configured rule as in the reference service.
+/// Finds the rule, bucket and metric series of one descriptor; the override, when present in
+/// a known domain, replaces the configured rule as in the reference service.
 fn resolve(
-    rules: &Matcher,
+    rules: &RuleSet,
     metrics: &Metrics,
     domain: &str,
     descriptor: &Descriptor,
@@ -597,12 +623,12 @@ fn resolve(
         let counters = metrics.series(domain, None, &keys.join("."));
         return Some((rule, Some(bucket), counters));
     }
-    let matched = rules.lookup(domain, entries)?;
-    let counters = metrics.series(
-        domain,
-        Some(&matched.rule.path),
-        &matched.metric_key(entries),
-    );
+    let matched = rules.matcher.lookup(domain, entries)?;
+    // Only keys built from request values need the capped lookup.
+    let counters = match matched.metric_key(entries) {
+        Cow::Borrowed(_) => rules.rule_series(metrics, &matched),
+        Cow::Owned(key) => metrics.series(domain, Some(&matched.rule.path), &key),
+    };
     let rule = Arc::clone(matched.rule);
     let bucket = rule.policy().map(|policy| {
         let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));

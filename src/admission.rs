@@ -13,10 +13,13 @@
 //!    target for a whole interval, calls that waited longer than the target are shed until
 //!    it drops below again. A short burst is absorbed, a standing queue is not.
 //! 3. **Concurrency (AIMD).** Calls in flight, weighted by their descriptors, stay under an
-//!    adaptive limit: raised by a sixteenth each interval in which it was used and answered
-//!    calls stayed under the target latency, cut to 4/5 in an interval over it. This bounds
-//!    the queue of a backend that answers slowly (the Redis batch queue), where the CPU is
-//!    idle and the sojourn stays short. The limit never falls below one largest request.
+//!    adaptive limit: cut to 4/5 in an interval in which the calls with a deadline took
+//!    longer than half their budget (arrival to deadline) on average, raised by a sixteenth
+//!    in an interval in which it was used and they did not. This bounds the queue of a
+//!    backend that answers slowly (the Redis batch queue), where the CPU is idle and the
+//!    sojourn stays short. The target follows the callers' own deadlines: with Envoy's
+//!    20 ms it is about 9 ms, and calls with long deadlines are not shed for being slow.
+//!    The limit never falls below one largest request.
 //!    Under that limit's pressure each connection keeps a fair share: a connection with
 //!    less than `limit / active connections` in flight is still admitted (up to twice the
 //!    limit in all), so one caller sending 64-descriptor requests cannot lock out the rest.
@@ -35,8 +38,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
 
-/// Default latency target: calls are shed rather than kept waiting past it. A quarter of
-/// Envoy's default 20 ms timeout, several times a loaded Redis round trip.
+/// Default standing-queue target for calls without a deadline (CoDel): a quarter of Envoy's
+/// default 20 ms timeout, several times a loaded Redis round trip.
 pub const DEFAULT_TARGET_LATENCY: Duration = Duration::from_millis(5);
 /// How long the sojourn must stay above the target before calls are shed, and how often
 /// the concurrency limit adapts (CoDel's interval).
@@ -161,8 +164,11 @@ pub struct Admission {
 struct Window {
     started: Instant,
     samples: u64,
-    /// Sum of caller-side latencies (arrival to answer), in µs.
+    /// Calls with a deadline, the sum of their latencies (arrival to answer) and of their
+    /// budgets (arrival to deadline), in µs.
+    budgeted: u64,
     latency_us: u64,
+    budget_us: u64,
     /// Sum of service times (admission to answer), in µs.
     service_us: u64,
     /// Most descriptors in flight seen in the interval.
@@ -176,6 +182,8 @@ pub struct Permit<'a> {
     units: u64,
     arrived: Instant,
     admitted: Instant,
+    /// Arrival to deadline, when the call has one.
+    budget: Option<Duration>,
     connection: Option<Arc<ConnectionLoad>>,
 }
 
@@ -197,7 +205,9 @@ impl Admission {
             window: Mutex::new(Window {
                 started: now,
                 samples: 0,
+                budgeted: 0,
                 latency_us: 0,
+                budget_us: 0,
                 service_us: 0,
                 peak: 0,
             }),
@@ -254,6 +264,7 @@ impl Admission {
             units,
             arrived,
             admitted: now,
+            budget: deadline.map(|deadline| deadline.saturating_duration_since(arrived)),
             connection: connection.cloned(),
         })
     }
@@ -318,7 +329,11 @@ impl Admission {
         let service = now.saturating_duration_since(permit.admitted);
         let mut window = self.window.lock();
         window.samples += 1;
-        window.latency_us += latency.as_micros() as u64;
+        if let Some(budget) = permit.budget {
+            window.budgeted += 1;
+            window.latency_us += latency.as_micros() as u64;
+            window.budget_us += budget.as_micros() as u64;
+        }
         window.service_us += service.as_micros() as u64;
         window.peak = window.peak.max(in_flight);
         if now.saturating_duration_since(window.started) >= INTERVAL
@@ -330,9 +345,10 @@ impl Admission {
 
     /// Moves the limit on the interval that just ended, and starts the next.
     fn adapt(&self, window: &mut Window, now: Instant) {
-        let mean_us = window.latency_us / window.samples;
+        // Late on average against half their budgets: the queue must shrink.
+        let late = window.budgeted > 0 && window.latency_us * 2 > window.budget_us;
         let limit = self.limit();
-        let next = if mean_us > self.target.as_micros() as u64 {
+        let next = if late {
             limit * 4 / 5
         } else if window.peak * 5 >= limit * 4 {
             // Used to at least 80 %: room to grow.
@@ -347,7 +363,9 @@ impl Admission {
             .store(window.service_us / window.samples, Ordering::Relaxed);
         window.started = now;
         window.samples = 0;
+        window.budgeted = 0;
         window.latency_us = 0;
+        window.budget_us = 0;
         window.service_us = 0;
         window.peak = 0;
     }
@@ -445,34 +463,37 @@ mod tests {
         assert_eq!(admission.active_connections.load(Ordering::Relaxed), 0);
     }
 
+    /// Holds MIN_SAMPLES calls for `held_for` (on the paused clock), each with `budget`.
+    async fn interval(admission: &Admission, budget: Option<Duration>, held_for: Duration) {
+        let deadline = budget.map(|budget| Instant::now() + budget);
+        let held: Vec<_> = (0..MIN_SAMPLES)
+            .map(|_| admission.admit(1, None, deadline).unwrap())
+            .collect();
+        tokio::time::advance(held_for).await;
+        drop(held);
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn the_limit_falls_when_latency_passes_the_target_and_grows_back() {
+    async fn the_limit_falls_when_calls_take_half_their_budget_and_grows_back() {
         let admission = Admission::new(DEFAULT_TARGET_LATENCY, Gauge::default());
         let start = admission.limit();
-        // Slow calls at the limit: one interval of them cuts the limit.
-        let slow = |admission: &Admission| {
-            for _ in 0..MIN_SAMPLES {
-                let permit = admission.admit(1, None, None).unwrap();
-                drop(permit);
-            }
-        };
-        // Latency is measured on the paused clock: advance it while permits are held.
-        let mut held = Vec::new();
-        for _ in 0..MIN_SAMPLES {
-            held.push(admission.admit(1, None, None).unwrap());
-        }
-        tokio::time::advance(INTERVAL).await;
-        drop(held);
+        // Slow calls without a deadline move nothing.
+        interval(&admission, None, INTERVAL).await;
+        assert_eq!(admission.limit(), start);
+        // Calls that took 100 ms of a 1 s budget are in time.
+        interval(&admission, Some(Duration::from_secs(1)), INTERVAL).await;
+        assert_eq!(admission.limit(), start);
+        // Calls that took 100 ms of a 150 ms budget are late: the limit falls.
+        interval(&admission, Some(INTERVAL + INTERVAL / 2), INTERVAL).await;
         assert_eq!(admission.limit(), start * 4 / 5);
         // Fast calls that use the limit grow it again.
         admission.limit.store(MIN_LIMIT, Ordering::Relaxed);
-        let mut held = Vec::new();
-        for _ in 0..MIN_LIMIT {
-            held.push(admission.admit(1, None, None).unwrap());
-        }
+        let held: Vec<_> = (0..MIN_LIMIT)
+            .map(|_| admission.admit(1, None, None).unwrap())
+            .collect();
         drop(held);
         tokio::time::advance(INTERVAL).await;
-        slow(&admission);
+        interval(&admission, Some(Duration::from_secs(1)), Duration::ZERO).await;
         assert!(admission.limit() > MIN_LIMIT, "{}", admission.limit());
     }
 }

@@ -318,8 +318,9 @@ pub struct ServeArgs {
     /// Time in-flight calls get after that GOAWAY before the connection is closed.
     #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_name = "DURATION", default_value = DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE)]
     pub grpc_max_connection_age_grace: GoDuration,
-    /// Overload shedding: calls that would wait past this latency are answered at once by
-    /// the failure mode instead of queued (see README, Reliability); 0 turns shedding off.
+    /// Overload shedding (see README, Overload): calls that cannot be answered before their
+    /// deadline are answered at once by the failure mode; calls without a deadline are shed
+    /// once they meet a queue standing above this latency. 0 turns all shedding off.
     #[arg(long, env = "FLOODGATE_OVERLOAD_TARGET_LATENCY", value_name = "DURATION", default_value = DEFAULT_OVERLOAD_TARGET_LATENCY)]
     pub overload_target_latency: GoDuration,
     /// PEM client certificate for `rediss://` servers that require one (with

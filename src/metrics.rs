@@ -73,6 +73,16 @@ pub struct RuleCounters {
     pub over_limit_with_local_cache: Counter,
 }
 
+/// One per-rule series as [`Metrics::rule_series`] hands it out.
+pub struct RuleSeries {
+    /// The request's domain.
+    pub domain: String,
+    /// The rule path or request-made key ([`OVERFLOW_KEY`] past the cap).
+    pub key: String,
+    /// Its live counters.
+    pub counters: Arc<RuleCounters>,
+}
+
 /// One per-rule key's counters and what they belong to.
 struct Series {
     counters: Arc<RuleCounters>,
@@ -127,6 +137,8 @@ pub struct Metrics {
     pub series_overflow: Counter,
     /// 1 while the readiness latch says SERVING, else 0.
     pub ready: Gauge,
+    /// StatsD lines not handed to the socket (server down, slow or unreachable).
+    pub statsd_dropped: Counter,
 }
 
 /// Labels of the decision counter.
@@ -272,6 +284,7 @@ impl Metrics {
             decisions: Family::default(),
             series_overflow: Counter::default(),
             ready: Gauge::default(),
+            statsd_dropped: Counter::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -342,6 +355,11 @@ impl Metrics {
             "ready",
             "1 while ready (gRPC health SERVING, /healthcheck 200), else 0",
             metrics.ready.clone(),
+        );
+        fg.register(
+            "statsd_dropped",
+            "StatsD lines not handed to the socket; counter deltas carry to the next flush",
+            metrics.statsd_dropped.clone(),
         );
         Metrics {
             registry,
@@ -420,6 +438,23 @@ impl Metrics {
             },
         );
         counters
+    }
+
+    /// Every per-rule series now held (the capped set `/metrics` shows), copied out so the
+    /// caller (the StatsD flush) holds the index lock only while copying.
+    pub fn rule_series(&self) -> Vec<RuleSeries> {
+        let index = self.series.read();
+        let mut all = Vec::with_capacity(index.domains.values().map(HashMap::len).sum());
+        for (domain, keys) in &index.domains {
+            for (key, series) in keys {
+                all.push(RuleSeries {
+                    domain: domain.clone(),
+                    key: key.clone(),
+                    counters: Arc::clone(&series.counters),
+                });
+            }
+        }
+        all
     }
 
     /// Drops the series of domains and rules no longer in `rules` (called on every reload),

@@ -2,7 +2,9 @@
 //!
 //! TCP keeps one connection; a failed connect, write or timeout drops it and retries after
 //! a backoff (1 s doubling to 60 s), so a dead server costs at most one connect attempt per
-//! flush and fewer as it stays down. A line counts as delivered once the kernel accepted all
+//! flush and fewer as it stays down. Its send buffer is fixed at [`TCP_SEND_BUFFER_BYTES`]
+//! (the kernel would otherwise grow it to megabytes for a server that stops reading), so a
+//! stuck server is noticed at the first flush that does not fit, and costs bounded memory. A line counts as delivered once the kernel accepted all
 //! of its bytes; a write cut by the deadline leaves a partial last line on the dropped
 //! connection, which StatsD servers discard as malformed. UDP packs lines into datagrams of
 //! at most [`MAX_DATAGRAM_BYTES`] (a longer line goes alone) and a datagram counts as
@@ -13,7 +15,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::{CONNECT_TIMEOUT, Protocol};
@@ -21,6 +23,9 @@ use super::{CONNECT_TIMEOUT, Protocol};
 /// Largest datagram built from several lines: fits a 1500-byte MTU with IP and UDP headers
 /// (the size DogStatsD clients use).
 const MAX_DATAGRAM_BYTES: usize = 1432;
+/// Send buffer asked of the kernel for the TCP connection (Linux doubles it for its own
+/// bookkeeping).
+const TCP_SEND_BUFFER_BYTES: u32 = 256 * 1024;
 /// First pause before reconnecting to a server that failed.
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest pause between reconnect attempts.
@@ -75,11 +80,8 @@ impl Transport {
                 if !self.backoff.ready() {
                     return 0;
                 }
-                match timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr.as_str())).await {
-                    Ok(Ok(stream)) => {
-                        let _ = stream.set_nodelay(true);
-                        stream
-                    }
+                match timeout(CONNECT_TIMEOUT, connect_tcp(&self.addr)).await {
+                    Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => return self.failed(0, &error.to_string()),
                     Err(_) => return self.failed(0, "connect timed out"),
                 }
@@ -159,12 +161,30 @@ impl Transport {
     }
 }
 
-/// A UDP socket connected to `addr` (so sends name no address and refusals come back).
-async fn bind_udp(addr: &str) -> io::Result<UdpSocket> {
-    let target = tokio::net::lookup_host(addr)
+/// The first address `addr` resolves to.
+async fn resolve(addr: &str) -> io::Result<SocketAddr> {
+    tokio::net::lookup_host(addr)
         .await?
         .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name has no address"))
+}
+
+/// A TCP connection to `addr` with a fixed send buffer.
+async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
+    let target = resolve(addr).await?;
+    let socket = match target {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_send_buffer_size(TCP_SEND_BUFFER_BYTES)?;
+    let stream = socket.connect(target).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// A UDP socket connected to `addr` (so sends name no address and refusals come back).
+async fn bind_udp(addr: &str) -> io::Result<UdpSocket> {
+    let target = resolve(addr).await?;
     let local = match target {
         SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
         SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),

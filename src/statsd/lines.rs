@@ -27,8 +27,11 @@ const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "unavailable", "failed", "con
 /// Every failure mode that can answer a request.
 const FAILURE_MODES: [&str; 3] = ["error", "allow", "deny"];
 
+/// Reads one stat of a series.
+type ReadStat = fn(&RuleCounters) -> &Counter;
+
 /// The per-rule stats, in the reference's names, with how to read each.
-const RULE_STATS: [(&str, fn(&RuleCounters) -> &Counter); 6] = [
+const RULE_STATS: [(&str, ReadStat); 6] = [
     ("total_hits", |c| &c.total_hits),
     ("over_limit", |c| &c.over_limit),
     ("near_limit", |c| &c.near_limit),

@@ -9,8 +9,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestServer, descriptor, http, request, should_rate_limit};
+use common::{Binary, TestServer, descriptor, http, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::statsd::{Flavor, Protocol, StatsdSettings, Tag};
 use tokio::io::AsyncBufReadExt;
 use tokio::net::{TcpListener, TcpSocket, UdpSocket};
@@ -275,6 +276,41 @@ async fn counts_made_while_statsd_is_down_arrive_when_it_is_back() {
         2
     );
     server.stop().await;
+}
+
+/// A Deployment that only sets the reference's variables: `USE_STATSD=true` with
+/// `STATSD_HOST` / `STATSD_PORT`, `EXTRA_TAGS` and `STATS_FLUSH_INTERVAL` reach a TCP
+/// listener as plain StatsD with gostats-style tags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_variables_send_statsd_over_tcp() {
+    common::away_from_an_hour_boundary().await;
+    let (addr, received) = tcp_server().await;
+    let dir = common::config_dir(&[("api.yaml", API)]);
+    let port = addr.port().to_string();
+    let mut binary = Binary::start_with_env_only(&[
+        ("FLOODGATE_CONFIG", dir.path().to_str().unwrap()),
+        ("FLOODGATE_GRPC_ADDR", "127.0.0.1:0"),
+        ("FLOODGATE_HTTP_ADDR", "127.0.0.1:0"),
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("EXTRA_TAGS", "cluster:eu1"),
+        ("STATS_FLUSH_INTERVAL", "50ms"),
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", binary.grpc))
+        .await
+        .expect("client connects");
+    for expected in [OK, OK, OK, OVER, OVER] {
+        let call = request("api", vec![descriptor(&[("path", "/x")])]);
+        assert_eq!(
+            should_rate_limit(&mut client, call).await.overall_code,
+            expected
+        );
+    }
+    let name = "ratelimit.service.rate_limit.api.path.over_limit.__cluster=eu1";
+    assert_eq!(received.settled_total(name, 2).await, 2);
+    binary.signal("TERM");
+    assert_eq!(binary.wait_exit(Duration::from_secs(15)).await, Some(0));
 }
 
 /// A TCP StatsD server that accepts connections and never reads them; its receive buffer

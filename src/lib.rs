@@ -22,6 +22,7 @@
 //! - `rules`: validated rule types (units, algorithms, policies).
 //! - `metrics`: every exported metric, on one Prometheus registry.
 //! - `otel`: OpenTelemetry tracing over OTLP (off by default) and the spans it exports.
+//! - `statsd`: StatsD / DogStatsD export of the metrics under the reference's names (off by default).
 //! - `proto`: generated Envoy RLS v3 protobuf code.
 //! - `shutdown`, `telemetry`: signals and logging.
 
@@ -47,6 +48,7 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod shutdown;
+pub mod statsd;
 pub mod telemetry;
 pub mod tls;
 pub mod xds;

@@ -73,6 +73,16 @@ pub struct RuleCounters {
     pub over_limit_with_local_cache: Counter,
 }
 
+/// One per-rule series as [`Metrics::rule_series`] hands it out.
+pub struct RuleSeries {
+    /// The request's domain.
+    pub domain: String,
+    /// The rule path or request-made key ([`OVERFLOW_KEY`] past the cap).
+    pub key: String,
+    /// Its live counters.
+    pub counters: Arc<RuleCounters>,
+}
+
 /// One per-rule key's counters and what they belong to.
 struct Series {
     counters: Arc<RuleCounters>,
@@ -132,6 +142,8 @@ pub struct Metrics {
     pub shed: Family<ReasonLabels, Counter>,
     /// The adaptive concurrency limit of overload shedding, in descriptors.
     pub overload_limit: Gauge,
+    /// StatsD lines not handed to the socket (server down, slow or unreachable).
+    pub statsd_dropped: Counter,
 }
 
 /// Labels of the shed counter.
@@ -286,6 +298,7 @@ impl Metrics {
             ready: Gauge::default(),
             shed: Family::default(),
             overload_limit: Gauge::default(),
+            statsd_dropped: Counter::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -367,6 +380,11 @@ impl Metrics {
             "Adaptive limit on descriptors in flight before calls are shed",
             metrics.overload_limit.clone(),
         );
+        fg.register(
+            "statsd_dropped",
+            "StatsD lines not handed to the socket; counter deltas carry to the next flush",
+            metrics.statsd_dropped.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -444,6 +462,23 @@ impl Metrics {
             },
         );
         counters
+    }
+
+    /// Every per-rule series now held (the capped set `/metrics` shows), copied out so the
+    /// caller (the StatsD flush) holds the index lock only while copying.
+    pub fn rule_series(&self) -> Vec<RuleSeries> {
+        let index = self.series.read();
+        let mut all = Vec::with_capacity(index.domains.values().map(HashMap::len).sum());
+        for (domain, keys) in &index.domains {
+            for (key, series) in keys {
+                all.push(RuleSeries {
+                    domain: domain.clone(),
+                    key: key.clone(),
+                    counters: Arc::clone(&series.counters),
+                });
+            }
+        }
+        all
     }
 
     /// Drops the series of domains and rules no longer in `rules` (called on every reload),

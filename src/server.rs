@@ -29,6 +29,7 @@ use crate::otel::TracingSettings;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::service::RlsService;
+use crate::statsd::{Sink, StatsdSettings};
 use crate::tls::{self, ReloadingAcceptor, TlsError, TlsFiles};
 use crate::xds::{XdsClient, XdsSettings};
 
@@ -73,6 +74,8 @@ pub struct Settings {
     /// OpenTelemetry tracing, when on. The exporter is started by the caller (it belongs
     /// to the process's `tracing` subscriber); the server only creates the spans.
     pub tracing: Option<TracingSettings>,
+    /// StatsD / DogStatsD export, when on.
+    pub statsd: Option<StatsdSettings>,
 }
 
 /// Serving and readiness without rules, as the reference's `FORCE_START_WITHOUT_INITIAL_CONFIG`
@@ -234,6 +237,11 @@ impl Server {
             self.settings.limiter.backend_timeout,
         ));
         let reloader = reloader.map(tokio::spawn);
+        let statsd = self
+            .settings
+            .statsd
+            .clone()
+            .map(|statsd| Sink::start(statsd, Arc::clone(self.limiter.metrics())));
 
         let admission = self.settings.grpc_limits.overload_target.map(|target| {
             let metrics = self.limiter.metrics();
@@ -321,6 +329,9 @@ impl Server {
         }
         if let Some(tls_watch) = tls_watch {
             tls_watch.abort();
+        }
+        if let Some(statsd) = statsd {
+            statsd.stop().await;
         }
         match failed {
             Some(message) => Err(ServerError::Serve(message)),

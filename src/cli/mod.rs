@@ -26,12 +26,14 @@ use crate::tls::{self, TlsFiles};
 mod choices;
 pub mod duration;
 pub mod reference_env;
+mod statsd_args;
 mod tracing_args;
 mod xds_args;
 
 pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, ResponseHeaders};
 pub use duration::GoDuration;
+pub use statsd_args::StatsdArgs;
 pub use tracing_args::TracingArgs;
 pub use xds_args::{ConfigSource, XdsArgs};
 
@@ -351,6 +353,9 @@ pub struct ServeArgs {
     /// OpenTelemetry tracing over OTLP.
     #[command(flatten)]
     pub tracing: TracingArgs,
+    /// StatsD / DogStatsD export.
+    #[command(flatten)]
+    pub statsd: StatsdArgs,
 }
 
 impl ServeArgs {
@@ -425,6 +430,7 @@ impl ServeArgs {
             startup: self.xds.startup(),
             response_dynamic_metadata: self.response_dynamic_metadata,
             tracing: self.tracing.settings()?,
+            statsd: self.statsd.settings()?,
         })
     }
 

@@ -75,6 +75,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         startup: Default::default(),
         response_dynamic_metadata: false,
         tracing: None,
+        statsd: None,
     }
 }
 

@@ -32,6 +32,7 @@ use crate::otel::{OtlpProtocol, REFERENCE_SERVICE_NAME};
 use crate::telemetry::LevelFilter;
 
 mod redis_vars;
+mod statsd_vars;
 mod tracing_vars;
 mod unsupported;
 mod xds_vars;
@@ -99,6 +100,8 @@ pub struct Report {
     pub overridden: Vec<(&'static str, &'static str)>,
     /// Set variables floodgate does not (fully) honour.
     pub unsupported: Vec<Unsupported>,
+    /// Where floodgate departs from a reference default it cannot safely assume.
+    pub notices: Vec<&'static str>,
 }
 
 /// A set reference variable that floodgate does not (fully) honour.
@@ -111,7 +114,8 @@ pub struct Unsupported {
 }
 
 impl Report {
-    /// Logs one line per variable: applied and overridden at info, unsupported as a warning.
+    /// Logs one line per variable: applied and overridden at info, unsupported as a warning;
+    /// then each notice as a warning.
     pub fn log(&self) {
         for (variable, setting) in &self.applied {
             tracing::info!(variable, setting, "reference environment variable applied");
@@ -129,6 +133,9 @@ impl Report {
                 "reference environment variable not supported, ignored: {}",
                 unsupported.reason
             );
+        }
+        for notice in &self.notices {
+            tracing::warn!("{notice}");
         }
     }
 }
@@ -281,6 +288,7 @@ pub fn apply(
     mapper.backend(args)?;
     mapper.xds(args)?;
     mapper.tracing(args)?;
+    mapper.statsd(args)?;
     mapper.unsupported();
     Ok(mapper.report)
 }

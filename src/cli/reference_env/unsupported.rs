@@ -64,7 +64,6 @@ fn when_true(value: &str) -> bool {
     parse_bool(value) == Ok(true)
 }
 
-const NO_STATSD: &str = "no StatsD; Prometheus metrics are at /metrics on the admin HTTP port";
 const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
 const NO_PER_SECOND_REDIS: &str = "no separate per-second Redis; every limit uses one backend";
 const LEGACY_HEADER_NAMES: &str =
@@ -94,18 +93,9 @@ const UNSUPPORTED: &[Ignored] = &[
         |v| v == "3s",
         "the xDS client reconnects on the XDS_CLIENT_BACKOFF_* schedule (--xds-backoff-*)",
     ),
-    exact("USE_STATSD", when_false, NO_STATSD),
-    exact("STATSD_HOST", |v| v == "localhost", NO_STATSD),
-    exact("STATSD_PORT", |v| v == "8125", NO_STATSD),
-    exact("GOSTATS_FLUSH_INTERVAL_SECONDS", |v| v == "5", NO_STATSD),
-    exact("STATS_FLUSH_INTERVAL", |v| v == "10s", NO_STATSD),
-    exact("EXTRA_TAGS", never, NO_STATSD),
-    exact("USE_DOG_STATSD", when_false, NO_STATSD),
-    family("USE_DOG_STATSD_", NO_STATSD),
-    exact(
-        "DISABLE_STATS",
-        when_false,
-        "Prometheus metrics are always exported",
+    family(
+        "USE_DOG_STATSD_",
+        "no mogrifiers: DogStatsD names are the reference's base names, tagged with EXTRA_TAGS",
     ),
     exact("PROMETHEUS_ADDR", never, METRICS_ON_ADMIN),
     exact("PROMETHEUS_PATH", |v| v == "/metrics", METRICS_ON_ADMIN),
@@ -190,7 +180,15 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 55] = [
+    const MAPPED: [&str; 63] = [
+        "USE_STATSD",
+        "USE_DOG_STATSD",
+        "STATSD_HOST",
+        "STATSD_PORT",
+        "EXTRA_TAGS",
+        "STATS_FLUSH_INTERVAL",
+        "GOSTATS_FLUSH_INTERVAL_SECONDS",
+        "DISABLE_STATS",
         "GRPC_SERVER_USE_TLS",
         "GRPC_SERVER_TLS_CERT",
         "GRPC_SERVER_TLS_KEY",
@@ -273,18 +271,17 @@ mod tests {
     fn quiet_values_are_not_reported_and_others_are() {
         for (name, quiet, loud) in [
             ("PROTO", "tcp", "udp"),
-            ("USE_STATSD", "False", "true"),
             ("RUNTIME_IGNOREDOTFILES", "1", "0"),
             ("NEAR_LIMIT_RATIO", "0.8", "0.5"),
             ("REDIS_PIPELINE_WINDOW", "0s", "150us"),
             ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true", "false"),
             ("LIMIT_LIMIT_HEADER", "RateLimit-Limit", "X-Limit"),
-            ("USE_STATSD", "false", "maybe"),
         ] {
             assert_eq!(reason(name, quiet), None, "{name}={quiet}");
             assert!(reason(name, loud).is_some(), "{name}={loud}");
         }
         assert!(reason("MEMCACHE_SRV", "_m._tcp").is_some());
+        assert!(reason("USE_DOG_STATSD_MOGRIFIERS", "TAG").is_some());
         assert_eq!(reason("UNRELATED", "x"), None);
     }
 }

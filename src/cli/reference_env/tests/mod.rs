@@ -11,6 +11,7 @@ use crate::cli::{Cli, Command, serve_matches};
 use crate::otel::TracingSettings;
 
 mod redis_vars;
+mod statsd_vars;
 mod xds_tracing;
 
 /// Parses `argv` as the binary does and applies `vars` as the reference environment.
@@ -429,8 +430,7 @@ fn unsupported_variables_are_reported_by_name() {
     ];
     assert!(mapped(&quiet).1.unsupported.is_empty());
     let loud = [
-        ("USE_STATSD", "true"),
-        ("STATSD_HOST", "statsd"),
+        ("USE_DOG_STATSD_MOGRIFIERS", "TAG"),
         ("REDIS_PERSECOND", "true"),
         ("REDIS_PERSECOND_URL", "r:1"),
         ("REDIS_SENTINEL_AUTH", "x"),

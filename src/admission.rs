@@ -6,72 +6,63 @@
 //! 1. **Deadline.** Before the handler runs, a call waits in HTTP/2 buffers and in the
 //!    runtime's run queue (its sojourn, from when the connection took the stream); its answer
 //!    then waits about as long again on the way out, behind the same queue. A call whose
-//!    `grpc-timeout` leaves less than its sojourn plus the recent service time cannot be
-//!    answered in time, so it is answered now. Only calls that cannot make their deadline
-//!    are shed this way, whatever the load.
+//!    `grpc-timeout` leaves less than its sojourn cannot be answered in time, so it is
+//!    answered now. Only calls that cannot make their deadline are shed this way, at any load.
 //! 2. **Queue (CoDel).** For calls without a deadline: once the sojourn has stayed above the
 //!    target for a whole interval, calls that waited longer than the target are shed until
 //!    it drops below again. A short burst is absorbed, a standing queue is not.
-//! 3. **Concurrency (AIMD).** Calls in flight, weighted by their descriptors, stay under an
-//!    adaptive limit: cut to 4/5 in an interval in which the calls with a deadline took
-//!    longer than half their budget (arrival to deadline) on average, raised by a sixteenth
-//!    in an interval in which it was used and they did not. This bounds the queue of a
-//!    backend that answers slowly (the Redis batch queue), where the CPU is idle and the
-//!    sojourn stays short. The target follows the callers' own deadlines: with Envoy's
-//!    20 ms it is about 9 ms, and calls with long deadlines are not shed for being slow.
-//!    The limit never falls below one largest request.
-//!    Under that limit's pressure each connection keeps a fair share: a connection with
-//!    less than `limit / active connections` in flight is still admitted (up to twice the
-//!    limit in all), so one caller sending 64-descriptor requests cannot lock out the rest.
+//! 3. **Fair share.** Calls in flight are counted in descriptors (a 64-descriptor request
+//!    weighs 64). Past `MAX_IN_FLIGHT` of them, a call is admitted only if its connection
+//!    has less than its fair share (the cap over the connections with calls in flight), up
+//!    to twice the cap in all: one caller sending 64-descriptor requests cannot take the
+//!    service from the others, and memory held by calls in flight stays bounded.
 //!
-//! Why CoDel plus AIMD rather than a fixed limit: the right concurrency depends on the
-//! backend and the machine (about 64 calls on memory, hundreds on Redis), and a fixed queue
-//! bound either sheds at normal load or queues past Envoy's 20 ms.
+//! Where the wait is a backend's queue rather than the CPU (the Redis batcher), the backend
+//! refuses at once a request its queue cannot serve in time (`BackendError::Overloaded`).
+//!
+//! Why deadlines rather than a latency target or an adaptive concurrency limit: only the
+//! caller knows when an answer is worthless, and the right concurrency depends on the
+//! backend and the machine. A limit cut on latency also shrinks to its floor when the
+//! latency comes from a shared, busy CPU, which no concurrency limit can cure.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
 
 /// Default standing-queue target for calls without a deadline (CoDel): a quarter of Envoy's
 /// default 20 ms timeout, several times a loaded Redis round trip.
 pub const DEFAULT_TARGET_LATENCY: Duration = Duration::from_millis(5);
-/// How long the sojourn must stay above the target before calls are shed, and how often
-/// the concurrency limit adapts (CoDel's interval).
+/// How long the sojourn must stay above the target before calls without a deadline are shed
+/// (CoDel's interval).
 const INTERVAL: Duration = Duration::from_millis(100);
-/// Fewest samples an interval needs before the limit moves on it.
-const MIN_SAMPLES: u64 = 16;
-/// The concurrency limit never goes below one largest request (64 descriptors), so a
-/// request of any size can always be admitted alone.
-const MIN_LIMIT: u64 = 64;
-/// Starting concurrency limit, in descriptors: far above what one node serves well, so that
-/// only a real latency rise brings it down.
-const INITIAL_LIMIT: u64 = 4096;
-/// Highest concurrency limit.
-const MAX_LIMIT: u64 = 1 << 20;
+/// Descriptors in flight past which each connection is held to its fair share: 64 calls of
+/// 64 descriptors, or thousands of ordinary ones, far more than one node decides at once.
+pub const MAX_IN_FLIGHT: u64 = 16_384;
 
 /// Why a call was answered without being served (the `reason` of `floodgate_shed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShedReason {
-    /// Its deadline leaves less than its wait so far plus the time calls take to be served.
+    /// Its deadline leaves less than its wait so far.
     Deadline,
     /// It has no deadline and waited in a standing queue longer than the target.
     Queue,
-    /// The calls in flight already reach the concurrency limit.
-    Concurrency,
+    /// Its connection holds more than its fair share of the calls in flight.
+    FairShare,
+    /// The backend's queue could not serve it before its deadline.
+    Backlog,
 }
 
 impl ShedReason {
     /// Every reason, for metric labels.
-    pub const ALL: [ShedReason; 3] = [
+    pub const ALL: [ShedReason; 4] = [
         ShedReason::Deadline,
         ShedReason::Queue,
-        ShedReason::Concurrency,
+        ShedReason::FairShare,
+        ShedReason::Backlog,
     ];
 
     /// The metric label.
@@ -79,7 +70,8 @@ impl ShedReason {
         match self {
             ShedReason::Deadline => "deadline",
             ShedReason::Queue => "queue",
-            ShedReason::Concurrency => "concurrency",
+            ShedReason::FairShare => "fair_share",
+            ShedReason::Backlog => "backlog",
         }
     }
 }
@@ -145,34 +137,11 @@ pub struct Admission {
     target: Duration,
     /// Descriptors of the calls being served.
     in_flight: AtomicU64,
-    /// Concurrency limit, in descriptors.
-    limit: AtomicU64,
     /// Connections with at least one call being served.
     active_connections: AtomicU64,
-    /// Mean service time of the latest interval, in microseconds (admission to answer).
-    service_us: AtomicU64,
     /// Since when (µs after `origin`) the sojourn has been above the target; 0 = it is not.
     above_since_us: AtomicU64,
     origin: Instant,
-    window: Mutex<Window>,
-    /// Where the limit is exported (`floodgate_overload_limit`).
-    exported: Gauge,
-}
-
-/// The latencies of the current interval.
-#[derive(Debug)]
-struct Window {
-    started: Instant,
-    samples: u64,
-    /// Calls with a deadline, the sum of their latencies (arrival to answer) and of their
-    /// budgets (arrival to deadline), in µs.
-    budgeted: u64,
-    latency_us: u64,
-    budget_us: u64,
-    /// Sum of service times (admission to answer), in µs.
-    service_us: u64,
-    /// Most descriptors in flight seen in the interval.
-    peak: u64,
 }
 
 /// A call that was admitted; dropping it (when the answer is ready) ends its accounting.
@@ -180,43 +149,19 @@ struct Window {
 pub struct Permit<'a> {
     admission: &'a Admission,
     units: u64,
-    arrived: Instant,
-    admitted: Instant,
-    /// Arrival to deadline, when the call has one.
-    budget: Option<Duration>,
     connection: Option<Arc<ConnectionLoad>>,
 }
 
 impl Admission {
-    /// A controller that keeps calls within `target` latency and exports its limit to
-    /// `exported`.
-    pub fn new(target: Duration, exported: Gauge) -> Admission {
-        let now = Instant::now();
-        exported.set(INITIAL_LIMIT as i64);
+    /// A controller that sheds calls without a deadline past a standing queue of `target`.
+    pub fn new(target: Duration) -> Admission {
         Admission {
-            exported,
             target,
             in_flight: AtomicU64::new(0),
-            limit: AtomicU64::new(INITIAL_LIMIT),
             active_connections: AtomicU64::new(0),
-            service_us: AtomicU64::new(0),
             above_since_us: AtomicU64::new(0),
-            origin: now,
-            window: Mutex::new(Window {
-                started: now,
-                samples: 0,
-                budgeted: 0,
-                latency_us: 0,
-                budget_us: 0,
-                service_us: 0,
-                peak: 0,
-            }),
+            origin: Instant::now(),
         }
-    }
-
-    /// The current concurrency limit, in descriptors.
-    pub fn limit(&self) -> u64 {
-        self.limit.load(Ordering::Relaxed)
     }
 
     /// Admits a call of `units` descriptors, or says why it must be answered at once.
@@ -232,27 +177,20 @@ impl Admission {
         deadline: Option<Instant>,
     ) -> Result<Permit<'_>, ShedReason> {
         let now = Instant::now();
-        let arrived = arrival.map_or(now, |arrival| arrival.at);
-        let sojourn = now.saturating_duration_since(arrived);
+        let sojourn = arrival.map_or(Duration::ZERO, |arrival| {
+            now.saturating_duration_since(arrival.at)
+        });
         match deadline {
-            Some(deadline) => {
-                let service = Duration::from_micros(self.service_us.load(Ordering::Relaxed));
-                if deadline <= now + service + sojourn {
-                    return Err(ShedReason::Deadline);
-                }
-            }
-            None => {
-                if self.standing_queue(now, sojourn) {
-                    return Err(ShedReason::Queue);
-                }
-            }
+            Some(deadline) if deadline <= now + sojourn => return Err(ShedReason::Deadline),
+            Some(_) => {}
+            None if self.standing_queue(now, sojourn) => return Err(ShedReason::Queue),
+            None => {}
         }
         let connection = arrival.map(|arrival| &arrival.connection);
-        let limit = self.limit();
         let in_flight = self.in_flight.fetch_add(units, Ordering::Relaxed) + units;
-        if in_flight > limit && !self.within_fair_share(connection, units, in_flight, limit) {
+        if in_flight > MAX_IN_FLIGHT && !self.within_fair_share(connection, units, in_flight) {
             self.in_flight.fetch_sub(units, Ordering::Relaxed);
-            return Err(ShedReason::Concurrency);
+            return Err(ShedReason::FairShare);
         }
         if let Some(connection) = connection
             && connection.in_flight.fetch_add(units, Ordering::Relaxed) == 0
@@ -262,9 +200,6 @@ impl Admission {
         Ok(Permit {
             admission: self,
             units,
-            arrived,
-            admitted: now,
-            budget: deadline.map(|deadline| deadline.saturating_duration_since(arrived)),
             connection: connection.cloned(),
         })
     }
@@ -272,11 +207,11 @@ impl Admission {
     /// Whether a call that waited `sojourn` meets a standing queue: the sojourn has been
     /// above the target for a whole interval, and this call waited longer than the target.
     fn standing_queue(&self, now: Instant, sojourn: Duration) -> bool {
-        let now_us = self.micros_since_origin(now).max(1);
         if sojourn <= self.target {
             self.above_since_us.store(0, Ordering::Relaxed);
             return false;
         }
+        let now_us = (now.saturating_duration_since(self.origin).as_micros() as u64).max(1);
         let since = match self.above_since_us.compare_exchange(
             0,
             now_us,
@@ -289,33 +224,28 @@ impl Admission {
         now_us.saturating_sub(since) >= INTERVAL.as_micros() as u64
     }
 
-    /// Past the limit, a connection below its fair share of it is still admitted, up to
-    /// twice the limit in all.
+    /// Past the cap, a connection below its fair share of it is still admitted, up to twice
+    /// the cap in all.
     fn within_fair_share(
         &self,
         connection: Option<&Arc<ConnectionLoad>>,
         units: u64,
         in_flight: u64,
-        limit: u64,
     ) -> bool {
         let Some(connection) = connection else {
             return false;
         };
-        if in_flight > limit.saturating_mul(2) {
+        if in_flight > 2 * MAX_IN_FLIGHT {
             return false;
         }
         let mine = connection.in_flight.load(Ordering::Relaxed);
         let active = self.active_connections.load(Ordering::Relaxed) + u64::from(mine == 0);
-        mine + units <= limit / active.max(1)
+        mine + units <= MAX_IN_FLIGHT / active.max(1)
     }
 
-    fn micros_since_origin(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.origin).as_micros() as u64
-    }
-
-    /// Ends a call's accounting and learns from its latency.
+    /// Ends a call's accounting.
     fn release(&self, permit: &Permit<'_>) {
-        let in_flight = self.in_flight.fetch_sub(permit.units, Ordering::Relaxed);
+        self.in_flight.fetch_sub(permit.units, Ordering::Relaxed);
         if let Some(connection) = &permit.connection
             && connection
                 .in_flight
@@ -324,50 +254,6 @@ impl Admission {
         {
             self.active_connections.fetch_sub(1, Ordering::Relaxed);
         }
-        let now = Instant::now();
-        let latency = now.saturating_duration_since(permit.arrived);
-        let service = now.saturating_duration_since(permit.admitted);
-        let mut window = self.window.lock();
-        window.samples += 1;
-        if let Some(budget) = permit.budget {
-            window.budgeted += 1;
-            window.latency_us += latency.as_micros() as u64;
-            window.budget_us += budget.as_micros() as u64;
-        }
-        window.service_us += service.as_micros() as u64;
-        window.peak = window.peak.max(in_flight);
-        if now.saturating_duration_since(window.started) >= INTERVAL
-            && window.samples >= MIN_SAMPLES
-        {
-            self.adapt(&mut window, now);
-        }
-    }
-
-    /// Moves the limit on the interval that just ended, and starts the next.
-    fn adapt(&self, window: &mut Window, now: Instant) {
-        // Late on average against half their budgets: the queue must shrink.
-        let late = window.budgeted > 0 && window.latency_us * 2 > window.budget_us;
-        let limit = self.limit();
-        let next = if late {
-            limit * 4 / 5
-        } else if window.peak * 5 >= limit * 4 {
-            // Used to at least 80 %: room to grow.
-            limit + limit / 16 + 1
-        } else {
-            limit
-        };
-        let next = next.clamp(MIN_LIMIT, MAX_LIMIT);
-        self.limit.store(next, Ordering::Relaxed);
-        self.exported.set(next as i64);
-        self.service_us
-            .store(window.service_us / window.samples, Ordering::Relaxed);
-        window.started = now;
-        window.samples = 0;
-        window.budgeted = 0;
-        window.latency_us = 0;
-        window.budget_us = 0;
-        window.service_us = 0;
-        window.peak = 0;
     }
 }
 
@@ -389,8 +275,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_call_whose_deadline_has_passed_is_shed() {
-        let admission = Admission::new(DEFAULT_TARGET_LATENCY, Gauge::default());
+    async fn a_call_whose_deadline_is_nearer_than_its_wait_is_shed() {
+        let admission = Admission::new(DEFAULT_TARGET_LATENCY);
         let now = Instant::now();
         assert_eq!(
             admission.admit(1, None, Some(now)).err(),
@@ -418,7 +304,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn only_a_standing_queue_sheds_and_only_calls_that_waited() {
-        let admission = Admission::new(DEFAULT_TARGET_LATENCY, Gauge::default());
+        let admission = Admission::new(DEFAULT_TARGET_LATENCY);
         let connection = Arc::new(ConnectionLoad::default());
         let waited = Duration::from_millis(8);
         // A burst: the first long wait is absorbed.
@@ -440,9 +326,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn past_the_limit_a_quiet_connection_keeps_its_share() {
-        let admission = Admission::new(DEFAULT_TARGET_LATENCY, Gauge::default());
-        admission.limit.store(128, Ordering::Relaxed);
+    async fn past_the_cap_a_quiet_connection_keeps_its_share() {
+        let admission = Admission::new(DEFAULT_TARGET_LATENCY);
         let heavy = Arc::new(ConnectionLoad::default());
         let quiet = Arc::new(ConnectionLoad::default());
         let now = Instant::now();
@@ -450,10 +335,14 @@ mod tests {
         while let Ok(permit) = admission.admit(64, Some(&arrival(now, &heavy)), None) {
             held.push(permit);
         }
-        assert_eq!(held.len(), 2, "the heavy caller fills the limit");
+        assert_eq!(
+            held.len() as u64,
+            MAX_IN_FLIGHT / 64,
+            "the heavy caller fills the cap"
+        );
         assert_eq!(
             admission.admit(1, Some(&arrival(now, &heavy)), None).err(),
-            Some(ShedReason::Concurrency)
+            Some(ShedReason::FairShare)
         );
         let quiet_permit = admission.admit(1, Some(&arrival(now, &quiet)), None);
         assert!(quiet_permit.is_ok(), "a quiet connection is still served");
@@ -461,39 +350,5 @@ mod tests {
         drop(held);
         assert_eq!(admission.in_flight.load(Ordering::Relaxed), 0);
         assert_eq!(admission.active_connections.load(Ordering::Relaxed), 0);
-    }
-
-    /// Holds MIN_SAMPLES calls for `held_for` (on the paused clock), each with `budget`.
-    async fn interval(admission: &Admission, budget: Option<Duration>, held_for: Duration) {
-        let deadline = budget.map(|budget| Instant::now() + budget);
-        let held: Vec<_> = (0..MIN_SAMPLES)
-            .map(|_| admission.admit(1, None, deadline).unwrap())
-            .collect();
-        tokio::time::advance(held_for).await;
-        drop(held);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_limit_falls_when_calls_take_half_their_budget_and_grows_back() {
-        let admission = Admission::new(DEFAULT_TARGET_LATENCY, Gauge::default());
-        let start = admission.limit();
-        // Slow calls without a deadline move nothing.
-        interval(&admission, None, INTERVAL).await;
-        assert_eq!(admission.limit(), start);
-        // Calls that took 100 ms of a 1 s budget are in time.
-        interval(&admission, Some(Duration::from_secs(1)), INTERVAL).await;
-        assert_eq!(admission.limit(), start);
-        // Calls that took 100 ms of a 150 ms budget are late: the limit falls.
-        interval(&admission, Some(INTERVAL + INTERVAL / 2), INTERVAL).await;
-        assert_eq!(admission.limit(), start * 4 / 5);
-        // Fast calls that use the limit grow it again.
-        admission.limit.store(MIN_LIMIT, Ordering::Relaxed);
-        let held: Vec<_> = (0..MIN_LIMIT)
-            .map(|_| admission.admit(1, None, None).unwrap())
-            .collect();
-        drop(held);
-        tokio::time::advance(INTERVAL).await;
-        interval(&admission, Some(Duration::from_secs(1)), Duration::ZERO).await;
-        assert!(admission.limit() > MIN_LIMIT, "{}", admission.limit());
     }
 }

@@ -140,8 +140,6 @@ pub struct Metrics {
     /// Calls answered at once by the failure mode because they could not be served in
     /// time, by reason (`crate::admission::ShedReason`).
     pub shed: Family<ReasonLabels, Counter>,
-    /// The adaptive concurrency limit of overload shedding, in descriptors.
-    pub overload_limit: Gauge,
     /// StatsD lines not handed to the socket (server down, slow or unreachable).
     pub statsd_dropped: Counter,
 }
@@ -149,7 +147,7 @@ pub struct Metrics {
 /// Labels of the shed counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// Why: `deadline`, `queue` or `concurrency`.
+    /// Why: `deadline`, `queue`, `fair_share` or `backlog`.
     pub reason: &'static str,
 }
 
@@ -297,7 +295,6 @@ impl Metrics {
             series_overflow: Counter::default(),
             ready: Gauge::default(),
             shed: Family::default(),
-            overload_limit: Gauge::default(),
             statsd_dropped: Counter::default(),
             registry: Registry::default(),
         };
@@ -374,11 +371,6 @@ impl Metrics {
             "shed",
             "Calls answered at once by the failure mode because they could not be served in time",
             metrics.shed.clone(),
-        );
-        fg.register(
-            "overload_limit",
-            "Adaptive limit on descriptors in flight before calls are shed",
-            metrics.overload_limit.clone(),
         );
         fg.register(
             "statsd_dropped",

@@ -250,7 +250,7 @@ impl Server {
                     reason: reason.as_str(),
                 });
             }
-            Arc::new(Admission::new(target, metrics.overload_limit.clone()))
+            Arc::new(Admission::new(target))
         });
         let mut service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode)
             .with_dynamic_metadata(self.settings.response_dynamic_metadata)

@@ -12,6 +12,7 @@ pub mod redis;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions};
@@ -136,6 +137,10 @@ pub enum BackendError {
     /// The settings cannot work (an invalid URL or option): retrying will not help.
     #[error("invalid backend configuration: {0}")]
     Config(String),
+    /// The backend's queue is too long to decide the group before its deadline, so it was
+    /// refused at once, with nothing booked (overload shedding). Not a backend failure.
+    #[error("backend queue too long to answer before the deadline")]
+    Overloaded,
 }
 
 impl BackendError {
@@ -152,7 +157,7 @@ impl BackendError {
     /// connections and server errors classified as transient.
     pub fn is_transient(&self) -> bool {
         match self {
-            BackendError::Timeout | BackendError::Unavailable(_) => true,
+            BackendError::Timeout | BackendError::Unavailable(_) | BackendError::Overloaded => true,
             BackendError::Failed { transient, .. } => *transient,
             BackendError::Config(_) => false,
         }
@@ -165,6 +170,7 @@ impl BackendError {
             BackendError::Unavailable(_) => "unavailable",
             BackendError::Failed { .. } => "failed",
             BackendError::Config(_) => "config",
+            BackendError::Overloaded => "overloaded",
         }
     }
 }
@@ -180,6 +186,7 @@ impl Scrub for BackendError {
             },
             BackendError::Config(text) => BackendError::Config(f(text)),
             BackendError::Timeout => BackendError::Timeout,
+            BackendError::Overloaded => BackendError::Overloaded,
         }
     }
 }
@@ -246,6 +253,9 @@ pub struct Group {
     /// On a partial failure, keep the bookings that succeeded (failure mode `allow` admits
     /// the request); otherwise they are undone before the error is returned.
     pub keep_on_failure: bool,
+    /// When the caller stops waiting: a backend that queues may refuse at once a group it
+    /// cannot decide by then (`BackendError::Overloaded`).
+    pub deadline: Option<Instant>,
 }
 
 impl Group {

@@ -418,6 +418,7 @@ impl Limiter {
                 prior,
                 admit: self.options.shadow_mode,
                 keep_on_failure: self.options.failure_mode == FailureMode::Allow,
+                deadline: Some(budget_end),
             };
             let asked_at = Instant::now();
             match self.backend_call(budget_end, &group).await {
@@ -523,6 +524,8 @@ impl Limiter {
         };
         Metrics::observe(&self.metrics.backend_latency, started.elapsed());
         match &result {
+            // Refused by the backend's queue under overload: shed, not failed.
+            Err(BackendError::Overloaded) => self.metrics.shed("backlog"),
             Err(error) => {
                 self.metrics.backend_error(error.kind());
                 otel::record_backend_error(&span, error.kind());

@@ -291,6 +291,7 @@ mod tests {
                 transient: false,
             },
             BackendError::Config(String::new()),
+            BackendError::Overloaded,
         ];
         for error in &all {
             match error {
@@ -298,6 +299,10 @@ mod tests {
                 | BackendError::Unavailable(_)
                 | BackendError::Failed { .. }
                 | BackendError::Config(_) => assert!(BACKEND_ERROR_KINDS.contains(&error.kind())),
+                // Counted as shed (`floodgate_shed`), never as a backend error.
+                BackendError::Overloaded => {
+                    assert!(!BACKEND_ERROR_KINDS.contains(&error.kind()));
+                }
             }
         }
     }

@@ -29,7 +29,7 @@ use super::RedisOptions;
 use super::scripts::{self, BatchCall, Call, ScriptSet, Via};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
-use batch::Job;
+use batch::{Backlog, Job};
 
 mod batch;
 
@@ -180,6 +180,8 @@ pub struct RedisBackend {
     node: Arc<Node>,
     /// Requests waiting for the batcher (see `batch`).
     queue: mpsc::UnboundedSender<Job>,
+    /// How long that queue is, in time.
+    backlog: Arc<Backlog>,
 }
 
 /// The connection pool and what every call to the node needs.
@@ -271,8 +273,13 @@ impl RedisBackend {
         });
         node.preload_scripts().await;
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(batch::run(Arc::clone(&node), jobs));
-        Ok(RedisBackend { node, queue })
+        let backlog = Arc::new(Backlog::default());
+        tokio::spawn(batch::run(Arc::clone(&node), Arc::clone(&backlog), jobs));
+        Ok(RedisBackend {
+            node,
+            queue,
+            backlog,
+        })
     }
 }
 
@@ -380,6 +387,13 @@ impl Backend for RedisBackend {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
+        let deadline = Instant::now() + self.node.options.timeout;
+        let deadline = group
+            .deadline
+            .map_or(deadline, |caller| caller.min(deadline));
+        if !self.backlog.in_time(group.items.len(), deadline) {
+            return Err(BackendError::Overloaded);
+        }
         let (reply, outcomes) = oneshot::channel();
         let job = Job {
             call: {
@@ -387,9 +401,10 @@ impl Backend for RedisBackend {
                 call.push(group, &self.node.options.key_prefix);
                 call
             },
-            deadline: Instant::now() + self.node.options.timeout,
+            deadline,
             reply,
         };
+        self.backlog.queued(job.call.len());
         self.queue
             .send(job)
             .map_err(|_| BackendError::Unavailable("the Redis batcher stopped".into()))?;

@@ -3,8 +3,14 @@
 //! request finds a free slot and goes out at once; under load one call carries many
 //! requests, so Redis parses one command and floodgate makes one round trip for all of
 //! them. No timer ever holds a request back.
+//!
+//! Under overload the queue is where a request waits, so `Backlog` estimates that wait from
+//! the items queued and the drain rate of recent full calls, and a request that would only
+//! be decided after its deadline is refused before it queues (`BackendError::Overloaded`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -21,6 +27,69 @@ use crate::backend::{BackendError, Outcome};
 const MAX_IN_FLIGHT: usize = 2;
 /// Most items in one call: bounds how long one script keeps Redis busy.
 const MAX_ITEMS: usize = 256;
+/// How often the drain rate is measured.
+const DRAIN_WINDOW: Duration = Duration::from_millis(100);
+/// Mean items per call from which a window counts as busy: only full-ish calls show what the
+/// node drains under load (a lone item pays the whole round trip).
+const BUSY_ITEMS_PER_CALL: u64 = 8;
+
+/// The queue's length and drain rate (see the module doc).
+#[derive(Debug, Default)]
+pub(super) struct Backlog {
+    /// Items waiting for a call.
+    queued: AtomicU64,
+    /// Time the queue takes per item while busy, in ns; 0 when not known (not busy lately),
+    /// and then nothing is refused.
+    item_ns: AtomicU64,
+    window: parking_lot::Mutex<DrainWindow>,
+}
+
+#[derive(Debug, Default)]
+struct DrainWindow {
+    started: Option<Instant>,
+    calls: u64,
+    items: u64,
+    busy_ns: u64,
+}
+
+impl Backlog {
+    /// Whether `items` more, queued now, would be sent before `deadline`.
+    pub(super) fn in_time(&self, items: usize, deadline: Instant) -> bool {
+        let item_ns = self.item_ns.load(Ordering::Relaxed);
+        let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
+        Instant::now() + Duration::from_nanos(ahead.saturating_mul(item_ns)) <= deadline
+    }
+
+    pub(super) fn queued(&self, items: usize) {
+        self.queued.fetch_add(items as u64, Ordering::Relaxed);
+    }
+
+    fn taken(&self, items: usize) {
+        self.queued.fetch_sub(items as u64, Ordering::Relaxed);
+    }
+
+    /// Learns from one call of `items` items that took `took`.
+    fn drained(&self, items: usize, took: Duration) {
+        let now = Instant::now();
+        let mut window = self.window.lock();
+        let started = *window.started.get_or_insert(now);
+        window.calls += 1;
+        window.items += items as u64;
+        window.busy_ns += took.as_nanos() as u64;
+        if now.saturating_duration_since(started) < DRAIN_WINDOW {
+            return;
+        }
+        // Calls overlap (MAX_IN_FLIGHT at once), so the queue drains that much faster.
+        let busy = window.items >= window.calls * BUSY_ITEMS_PER_CALL;
+        let item_ns = if busy {
+            window.busy_ns / window.items / MAX_IN_FLIGHT as u64
+        } else {
+            0
+        };
+        self.item_ns.store(item_ns, Ordering::Relaxed);
+        *window = DrainWindow::default();
+    }
+}
 
 /// One request waiting for its call.
 pub(super) struct Job {
@@ -34,7 +103,11 @@ pub(super) struct Job {
 
 /// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the backend is
 /// dropped (its sender closes the queue).
-pub(super) async fn run(node: Arc<Node>, mut jobs: mpsc::UnboundedReceiver<Job>) {
+pub(super) async fn run(
+    node: Arc<Node>,
+    backlog: Arc<Backlog>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut held = None;
     loop {
@@ -58,12 +131,13 @@ pub(super) async fn run(node: Arc<Node>, mut jobs: mpsc::UnboundedReceiver<Job>)
             items += job.call.len();
             batch.push(job);
         }
-        tokio::spawn(send(Arc::clone(&node), batch, slot));
+        backlog.taken(items);
+        tokio::spawn(send(Arc::clone(&node), Arc::clone(&backlog), batch, slot));
     }
 }
 
 /// Sends one call for `jobs` and hands each job its outcomes (or the call's error).
-async fn send(node: Arc<Node>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
+async fn send(node: Arc<Node>, backlog: Arc<Backlog>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
     let now = Instant::now();
     // A caller that gave up or ran out of time is not sent: nothing is booked for it.
     let (live, late): (Vec<Job>, Vec<Job>) = jobs
@@ -76,7 +150,11 @@ async fn send(node: Arc<Node>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
         return;
     };
     let calls: Vec<&BatchCall> = live.iter().map(|job| &job.call).collect();
+    let items = calls.iter().map(|call| call.len()).sum();
     let result = node.run_batch(&calls, deadline).await;
+    if result.is_ok() {
+        backlog.drained(items, now.elapsed());
+    }
     match result {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
@@ -119,5 +197,40 @@ impl Node {
         }
         let items = calls.iter().map(|call| call.len()).sum();
         scripts::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_busy_queue_refuses_and_only_what_it_cannot_send_in_time() {
+        let backlog = Backlog::default();
+        let soon = Instant::now() + Duration::from_millis(10);
+        // Nothing known yet: nothing is refused, however long the queue.
+        backlog.queued(100_000);
+        assert!(backlog.in_time(1, soon));
+        // A busy window: calls of 200 items taking 2 ms, two at a time: 5 us an item.
+        for _ in 0..2 {
+            backlog.drained(200, Duration::from_millis(2));
+            tokio::time::advance(DRAIN_WINDOW).await;
+        }
+        backlog.drained(200, Duration::from_millis(2));
+        assert_eq!(backlog.item_ns.load(Ordering::Relaxed), 5_000);
+        let soon = Instant::now() + Duration::from_millis(10);
+        // 100,000 items ahead take 500 ms: refused; once they are sent, admitted.
+        assert!(!backlog.in_time(1, soon));
+        backlog.taken(99_000);
+        assert!(backlog.in_time(1, soon), "1,000 items take 5 ms");
+        assert!(
+            !backlog.in_time(2_000, soon),
+            "a heavy request needs more room"
+        );
+        // Lone items (an idle node) say nothing about its drain rate: nothing is refused.
+        tokio::time::advance(DRAIN_WINDOW).await;
+        backlog.drained(1, Duration::from_millis(2));
+        let soon = Instant::now() + Duration::from_millis(10);
+        assert!(backlog.in_time(100_000, soon));
     }
 }

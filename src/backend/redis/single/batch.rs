@@ -229,6 +229,11 @@ mod tests {
         );
         // Lone items (an idle node) say nothing about its drain rate: nothing is refused.
         tokio::time::advance(DRAIN_WINDOW).await;
+        backlog.drained(200, Duration::from_millis(2));
+        for _ in 0..2 {
+            backlog.drained(1, Duration::from_millis(2));
+            tokio::time::advance(DRAIN_WINDOW).await;
+        }
         backlog.drained(1, Duration::from_millis(2));
         let soon = Instant::now() + Duration::from_millis(10);
         assert!(backlog.in_time(100_000, soon));

@@ -11,12 +11,13 @@
 
 use std::sync::Arc;
 
-use floodgate::backend::memory::{ManualClock, MemoryBackend};
+use floodgate::backend::memory::MemoryBackend;
 use floodgate::backend::{Backend, BucketKey, Charge};
+use floodgate::clock::ManualClock;
 use floodgate::rules::{Policy, Unit};
 
 /// The `--memory-max-buckets` default: the cap a flood runs into.
-const CAP: usize = floodgate::cli::DEFAULT_MEMORY_MAX_BUCKETS;
+const CAP: usize = floodgate::backend::memory::DEFAULT_CAPACITY;
 
 /// A field of /proc/self/status in KiB (`VmRSS`, `VmHWM`).
 fn status_kib(field: &str) -> u64 {

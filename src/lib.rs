@@ -1,30 +1,35 @@
 //! floodgate: a global rate-limit service for Envoy and Istio.
 //!
-//! Module map (dependencies point down; nothing below `service` knows about gRPC):
+//! Module map, top down: a module uses only modules listed below it (`tests/layering.rs`
+//! checks this), and nothing below `service` knows about gRPC.
 //!
-//! - `cli`: the command line (`serve`, `check-config`), every serve setting with its default, and
-//!   the reference service's environment variables that stand in for them.
+//! - `cli`: the command line (`serve`, `check-config`, `bench`), every serve setting with its
+//!   default, and the reference service's environment variables that stand in for them.
+//! - `telemetry`, `shutdown`: logging and signals.
 //! - `bench`: `floodgate bench`, the load generator (a gRPC client of the service).
 //! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
+//! - `xds`: rules from an xDS management server (Envoy Gateway's rate-limit config).
+//! - `reload`: config directory watch and SIGHUP reload.
+//! - `statsd`: StatsD / DogStatsD export of the metrics under the reference's names (off by default).
 //! - `listener`: the gRPC accept loop and its bounds (connections, streams, age, keepalive).
 //! - `tls`: gRPC server TLS / mTLS from files reloaded on change.
-//! - `admission`: overload shedding; stamps each call's arrival on its connection.
-//! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
-//! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
-//! - `reload`: config directory watch and SIGHUP reload.
+//! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
+//! - `admission`: overload shedding; stamps each call's arrival on its connection.
+//! - `dynamic_metadata`: the dynamic metadata of an answer (`--response-dynamic-metadata`).
 //! - `headers`: `RateLimit-*` response headers.
+//! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
 //! - `limiter`: evaluates one request: matcher + backend -> statuses and overall code.
 //! - `config`: loads and validates the YAML domain files into `rules` and `matcher` input.
 //! - `matcher`: the compiled descriptor tree; (domain, entries) -> rule. Pure.
-//! - `algorithm`: the pure rate-limit algorithms every backend follows.
-//! - `backend`: where bucket state lives (memory, Redis, Redis Cluster) and the bucket keys.
-//! - `rules`: validated rule types (units, algorithms, policies).
-//! - `metrics`: every exported metric, on one Prometheus registry.
 //! - `otel`: OpenTelemetry tracing over OTLP (off by default) and the spans it exports.
-//! - `statsd`: StatsD / DogStatsD export of the metrics under the reference's names (off by default).
+//! - `metrics`: every exported metric, on one Prometheus registry.
+//! - `backend`: where bucket state lives (memory, Redis, Redis Cluster) and the bucket keys.
+//! - `algorithm`: the pure rate-limit algorithms every backend follows.
+//! - `rules`: validated rule types (units, algorithms, policies).
+//! - `redact`: secrets out of URLs, errors and logs.
+//! - `clock`: wall time in ms since the epoch, injected (`ManualClock` in tests).
 //! - `proto`: generated Envoy RLS v3 protobuf code.
-//! - `shutdown`, `telemetry`: signals and logging.
 
 pub mod admin;
 pub mod admission;
@@ -32,6 +37,7 @@ pub mod algorithm;
 pub mod backend;
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dynamic_metadata;
 pub mod headers;

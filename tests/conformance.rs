@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::algorithm::Bucket;
-use floodgate::backend::memory::{Clock, ManualClock, MemoryBackend};
+use floodgate::backend::memory::MemoryBackend;
 use floodgate::backend::redis::scripts::ScriptSet;
 use floodgate::backend::{
     Backend, BucketKey, Charge, ClusterBackend, Outcome, RedisBackend, RedisOptions, Refund,
 };
+use floodgate::clock::{Clock, ManualClock};
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 use redis::ConnectionLike;
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use common::vectors::{self, Action, Observed};
-use floodgate::backend::memory::ManualClock;
 use floodgate::backend::redis::scripts::{Argv, ScriptSet, source};
 use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions, Refund};
+use floodgate::clock::ManualClock;
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 use redis::{Commands, Connection};
 

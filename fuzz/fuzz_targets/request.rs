@@ -16,7 +16,8 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use floodgate::backend::memory::{ManualClock, MemoryBackend};
+use floodgate::backend::memory::MemoryBackend;
+use floodgate::clock::ManualClock;
 use floodgate::config::load_dir;
 use floodgate::headers::HeaderMode;
 use floodgate::limiter::{FailureMode, Limiter, LimiterOptions};

@@ -13,6 +13,9 @@ use sha2::{Digest, Sha256};
 
 use crate::rules::{Algorithm, Policy};
 
+/// Default prefix of every Redis key (`--key-prefix`), so deployments can share a Redis.
+pub const DEFAULT_KEY_PREFIX: &str = "fg";
+
 /// The first 16 bytes of SHA-256 of a bucket identity: the bucket's name everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BucketKey([u8; 16]);
@@ -52,7 +55,8 @@ impl BucketKey {
         &self.0
     }
 
-    /// The storage key: `<prefix>:{<base64url of the 16 bytes>}`.
+    /// The storage key: `<prefix>:{<base64url of the 16 bytes>}` (the prefix is
+    /// [`DEFAULT_KEY_PREFIX`] unless configured).
     ///
     /// The whole hash is the Redis Cluster hash tag, so one bucket is one slot and distinct
     /// buckets spread evenly over the slots.

@@ -1,9 +1,9 @@
 //! In-process backend: bucket state in sharded maps, decided by `crate::algorithm` directly.
 //!
 //! For a single replica, tests and benchmarks. Numbers are identical to Redis because the
-//! same `Bucket::decide` runs here that the Lua scripts mirror; time is a [`Clock`] in ms
+//! same `Bucket::decide` runs here that the Lua scripts mirror; time is a [`Clock`](crate::clock::Clock) in ms
 //! since the Unix epoch, so windows align as they do under Redis `TIME`. (Not
-//! `tokio::time::Instant`: it has no epoch to align windows to. Tests use [`ManualClock`]
+//! `tokio::time::Instant`: it has no epoch to align windows to. Tests use [`ManualClock`](crate::clock::ManualClock)
 //! instead of paused Tokio time.)
 //!
 //! Layout: 64 shards, each a `parking_lot::Mutex` (held for one decision, never across an
@@ -30,14 +30,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Backend, BackendError, BucketKey, Group, Outcome, Refund, undoable};
 use crate::algorithm::Bucket;
+use crate::clock::{Clock, SystemClock};
 use crate::rules::Policy;
 
 /// Default cap on live buckets: about 115 MB of resident state when full.
@@ -52,56 +51,6 @@ const FULL_SWEEP_STEP: usize = 32;
 const EVICTION_SAMPLE: usize = 16;
 /// Refund ids a bucket remembers, as the Lua scripts do (`lua/lib.lua`).
 pub const RECENT_REFUNDS: usize = 8;
-
-/// A source of time in ms since the Unix epoch.
-pub trait Clock: Send + Sync {
-    /// The current time; may go backwards (the algorithms tolerate it).
-    fn now_ms(&self) -> i64;
-}
-
-/// The wall clock, as Redis `TIME` would give it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "the one reader of the wall clock; everything else is handed a Clock"
-    )]
-    fn now_ms(&self) -> i64 {
-        match SystemTime::now().duration_since(UNIX_EPOCH) {
-            Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
-            Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
-        }
-    }
-}
-
-/// A clock that only moves when told to: windows and expiry in tests without sleeping.
-#[derive(Debug, Default)]
-pub struct ManualClock(AtomicI64);
-
-impl ManualClock {
-    /// A clock reading `now_ms`.
-    pub fn new(now_ms: i64) -> ManualClock {
-        ManualClock(AtomicI64::new(now_ms))
-    }
-
-    /// Sets the time (backwards too).
-    pub fn set(&self, now_ms: i64) {
-        self.0.store(now_ms, Ordering::SeqCst);
-    }
-
-    /// Moves the time by `delta_ms` (negative goes backwards).
-    pub fn advance(&self, delta_ms: i64) {
-        self.0.fetch_add(delta_ms, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_ms(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// Buckets kept in process memory.
 pub struct MemoryBackend {
@@ -478,6 +427,7 @@ impl Backend for MemoryBackend {
 mod tests {
     use super::*;
     use crate::backend::Charge;
+    use crate::clock::ManualClock;
     use crate::rules::{Algorithm, OnOverLimit, Unit};
     use std::time::Duration;
 

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod redis;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -19,6 +20,10 @@ pub use redis::{ClusterBackend, RedisBackend, RedisOptions};
 
 use crate::redact::{self, Scrub};
 use crate::rules::Policy;
+
+/// Default bound on a request's backend work, the `--backend-timeout-ms` default (Envoy's
+/// own default timeout for the whole call is 20 ms higher up, so this only bounds stragglers).
+pub const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// One bucket to charge: `cost` units under `policy`.
 #[derive(Debug, Clone, PartialEq, Eq)]

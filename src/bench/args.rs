@@ -84,7 +84,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR", requires = "record")]
     pub record_config: Option<PathBuf>,
     /// With `--record-config`: the service's `--key-prefix`.
-    #[arg(long, value_name = "STR", default_value = crate::cli::DEFAULT_KEY_PREFIX)]
+    #[arg(long, value_name = "STR", default_value = crate::backend::keys::DEFAULT_KEY_PREFIX)]
     pub record_key_prefix: String,
     /// No progress line on stderr.
     #[arg(long)]

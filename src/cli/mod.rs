@@ -54,32 +54,18 @@ pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:8081";
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
 /// Default Redis URL: a local single node.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
-/// Default connections per Redis pool.
-pub const DEFAULT_REDIS_POOL_SIZE: u32 = crate::backend::redis::DEFAULT_POOL_SIZE;
 /// Default bound on one backend call, in ms; Envoy's own default timeout is 20 ms higher up.
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 =
-    crate::limiter::DEFAULT_BACKEND_TIMEOUT.as_millis() as u64;
+    crate::backend::DEFAULT_BACKEND_TIMEOUT.as_millis() as u64;
 /// Default size of the local over-limit cache.
 pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
 /// Default trust period of a local over-limit cache entry, in ms.
 pub const DEFAULT_LOCAL_CACHE_MAX_AGE_MS: u64 =
     crate::limiter::DEFAULT_LOCAL_CACHE_MAX_AGE.as_millis() as u64;
-/// Default prefix of every backend key.
-pub const DEFAULT_KEY_PREFIX: &str = crate::backend::redis::DEFAULT_KEY_PREFIX;
-/// Default cap on live buckets in the memory backend.
-pub const DEFAULT_MEMORY_MAX_BUCKETS: usize = crate::backend::memory::DEFAULT_CAPACITY;
 /// Default time in-flight calls get to finish after shutdown starts, in ms.
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// Default pause between reporting NOT_SERVING and closing the listeners, in ms.
 pub const DEFAULT_HEALTH_GRACE_MS: u64 = 2_000;
-/// Default cap on request-made per-rule metric series.
-pub const DEFAULT_MAX_METRIC_SERIES: usize = crate::metrics::DEFAULT_MAX_METRIC_SERIES;
-/// Default largest decoded gRPC request, in bytes.
-pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = listener::DEFAULT_MAX_MESSAGE_BYTES;
-/// Default concurrent calls per gRPC connection.
-pub const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = listener::DEFAULT_MAX_CONCURRENT_STREAMS;
-/// Default cap on open gRPC connections.
-pub const DEFAULT_GRPC_MAX_CONNECTIONS: usize = listener::DEFAULT_MAX_CONNECTIONS;
 /// Default HTTP/2 keepalive ping interval.
 pub const DEFAULT_GRPC_KEEPALIVE_INTERVAL: &str = "60s";
 /// Default HTTP/2 keepalive ping timeout.
@@ -203,7 +189,7 @@ pub struct ServeArgs {
         long,
         env = "FLOODGATE_REDIS_POOL_SIZE",
         value_name = "N",
-        default_value_t = DEFAULT_REDIS_POOL_SIZE,
+        default_value_t = crate::backend::redis::DEFAULT_POOL_SIZE,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub redis_pool_size: u32,
@@ -241,14 +227,14 @@ pub struct ServeArgs {
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Prefix of every backend key, to share a Redis between deployments.
-    #[arg(long, env = "FLOODGATE_KEY_PREFIX", value_name = "STR", default_value = DEFAULT_KEY_PREFIX)]
+    #[arg(long, env = "FLOODGATE_KEY_PREFIX", value_name = "STR", default_value = crate::backend::keys::DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
     /// Cap on live buckets in the memory backend.
     #[arg(
         long,
         env = "FLOODGATE_MEMORY_MAX_BUCKETS",
         value_name = "N",
-        default_value_t = DEFAULT_MEMORY_MAX_BUCKETS,
+        default_value_t = crate::backend::memory::DEFAULT_CAPACITY,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     pub memory_max_buckets: usize,
@@ -261,7 +247,7 @@ pub struct ServeArgs {
     pub health_grace_ms: u64,
     /// Most per-rule metric series built from request values (`detailed_metric`,
     /// `value_to_metric`, limit overrides), six per key; past it they fold into `_overflow`.
-    #[arg(long, env = "FLOODGATE_MAX_METRIC_SERIES", value_name = "N", default_value_t = DEFAULT_MAX_METRIC_SERIES)]
+    #[arg(long, env = "FLOODGATE_MAX_METRIC_SERIES", value_name = "N", default_value_t = crate::metrics::DEFAULT_MAX_METRIC_SERIES)]
     pub max_metric_series: usize,
     /// PEM certificate chain for the gRPC listener; with --grpc-tls-key, serves gRPC over TLS.
     /// Re-read when the file changes (new connections get the new certificate).
@@ -283,7 +269,7 @@ pub struct ServeArgs {
         long,
         env = "FLOODGATE_GRPC_MAX_MESSAGE_BYTES",
         value_name = "BYTES",
-        default_value_t = DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+        default_value_t = listener::DEFAULT_MAX_MESSAGE_BYTES,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..)
     )]
     pub grpc_max_message_bytes: usize,
@@ -292,7 +278,7 @@ pub struct ServeArgs {
         long,
         env = "FLOODGATE_GRPC_MAX_CONCURRENT_STREAMS",
         value_name = "N",
-        default_value_t = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS,
+        default_value_t = listener::DEFAULT_MAX_CONCURRENT_STREAMS,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub grpc_max_concurrent_streams: u32,
@@ -302,7 +288,7 @@ pub struct ServeArgs {
         long,
         env = "FLOODGATE_GRPC_MAX_CONNECTIONS",
         value_name = "N",
-        default_value_t = DEFAULT_GRPC_MAX_CONNECTIONS,
+        default_value_t = listener::DEFAULT_MAX_CONNECTIONS,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     pub grpc_max_connections: usize,

@@ -17,10 +17,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::backend::memory::{Clock, SystemClock};
 use crate::backend::{
     Backend, BackendError, BucketKey, Charge, Group, Item, Outcome, Tally, Weight, undoable,
 };
+use crate::clock::{Clock, SystemClock};
 use crate::matcher::{Matched, Matcher};
 use crate::metrics::{Metrics, RuleCounters};
 use crate::otel;
@@ -66,16 +66,13 @@ pub struct LimiterOptions {
     pub local_cache_max_age: Duration,
 }
 
-/// Default bound on a request's backend work, the `--backend-timeout-ms` default (Envoy's
-/// own default timeout for the whole call is 20 ms higher up, so this only bounds stragglers).
-pub const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default `LimiterOptions::local_cache_max_age`.
 pub const DEFAULT_LOCAL_CACHE_MAX_AGE: Duration = Duration::from_secs(3);
 
 impl Default for LimiterOptions {
     fn default() -> Self {
         LimiterOptions {
-            backend_timeout: DEFAULT_BACKEND_TIMEOUT,
+            backend_timeout: crate::backend::DEFAULT_BACKEND_TIMEOUT,
             failure_mode: FailureMode::Error,
             shadow_mode: false,
             local_cache_entries: 0,

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::backend::memory::{ManualClock, MemoryBackend};
+use crate::backend::memory::MemoryBackend;
+use crate::clock::ManualClock;
 use crate::matcher::{DescriptorRule, DomainRules};
 use crate::rules::Unit;
 

@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use floodgate::backend::BackendSettings;
-use floodgate::backend::memory::{Clock, SystemClock};
+use floodgate::clock::{Clock, SystemClock};
 use floodgate::headers::HeaderMode;
 use floodgate::limiter::LimiterOptions;
 use floodgate::server::{Server, Settings};

@@ -21,8 +21,6 @@ pub use single::RedisBackend;
 /// sockets batch more commands per write: on 2 cores 2 sockets gave ~92% of
 /// `redis-benchmark -P 16` at 16 in flight, 16 sockets ~69% (`examples/redis_load.rs`).
 pub const DEFAULT_POOL_SIZE: u32 = 2;
-/// Default key prefix, the `--key-prefix` default.
-pub const DEFAULT_KEY_PREFIX: &str = "fg";
 
 /// Settings shared by the Redis and Redis Cluster backends.
 #[derive(Clone, PartialEq, Eq)]
@@ -74,8 +72,8 @@ impl Default for RedisOptions {
     fn default() -> Self {
         RedisOptions {
             pool_size: DEFAULT_POOL_SIZE,
-            timeout: crate::limiter::DEFAULT_BACKEND_TIMEOUT,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            timeout: crate::backend::DEFAULT_BACKEND_TIMEOUT,
+            key_prefix: crate::backend::keys::DEFAULT_KEY_PREFIX.to_owned(),
             tls_ca_pem: None,
             tls_client: None,
         }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
 
-use crate::backend::memory::Clock;
 use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
+use crate::clock::Clock;
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
 /// The first line of every script: the server clock, read once per call as `CLOCK`
@@ -625,7 +625,7 @@ mod tests {
 
     #[test]
     fn a_pinned_set_changes_only_the_clock_line_and_ends_every_call_with_the_time() {
-        let clock = Arc::new(crate::backend::memory::ManualClock::new(4_102_444_812_345));
+        let clock = Arc::new(crate::clock::ManualClock::new(4_102_444_812_345));
         let pinned = ScriptSet::pinned(clock.clone());
         let real = ScriptSet::new();
         for algorithm in Algorithm::ALL {

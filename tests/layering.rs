@@ -1,0 +1,90 @@
+//! "Dependencies point down": every module of `src/` uses only modules that `src/lib.rs`'s
+//! module map lists below it (unit tests aside), and every module is on the map.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The modules of the map, top down.
+fn map(lib: &str) -> Vec<String> {
+    lib.lines()
+        .filter_map(|line| line.strip_prefix("//! - "))
+        .filter_map(|entry| entry.split_once(':').map(|(names, _)| names))
+        .flat_map(|names| names.split('`').skip(1).step_by(2).map(str::to_owned))
+        .collect()
+}
+
+/// The `crate::<module>` names in `text` outside comments and `#[cfg(test)]` code.
+fn uses(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut found = Vec::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (at, _) in line.match_indices("crate::") {
+            let name: String = line[at + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            found.push(name);
+        }
+    }
+    found
+}
+
+fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_module_uses_only_modules_below_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let rank: BTreeMap<String, usize> = map(&lib)
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| (name, i))
+        .collect();
+    let declared: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+        .collect();
+    for module in &declared {
+        assert!(
+            rank.contains_key(*module),
+            "`{module}` is not on lib.rs's module map"
+        );
+    }
+    let mut paths = Vec::new();
+    files(&src, &mut paths);
+    let mut upward = Vec::new();
+    for path in paths {
+        let relative = path.strip_prefix(&src).expect("under src");
+        let top = relative.components().next().expect("a component");
+        let top = top
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        let Some(&mine) = rank.get(&top) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).expect("read");
+        for used in uses(&text) {
+            if rank.get(&used).is_some_and(|&theirs| theirs < mine) {
+                upward.push(format!("{} uses crate::{used}", relative.display()));
+            }
+        }
+    }
+    upward.sort();
+    upward.dedup();
+    assert!(
+        upward.is_empty(),
+        "imports up the module map:\n{}",
+        upward.join("\n")
+    );
+}

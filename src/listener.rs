@@ -9,7 +9,7 @@
 //! tonic routes as its service.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -48,7 +48,7 @@ const PENDING_RESETS_PER_STREAM: usize = 4;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Largest share of the age taken off at random, so connections opened together (by a
 /// restart of every Envoy) do not all reconnect at once.
-const AGE_JITTER_PERCENT: u64 = 10;
+const AGE_JITTER_PERCENT: u32 = 10;
 
 /// Limits of the gRPC listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,18 +233,11 @@ async fn sleep_or_never(duration: Option<Duration>) {
     }
 }
 
-/// `age` shortened by up to `AGE_JITTER_PERCENT`, by the sub-second clock: varied enough
-/// to spread reconnections, and never past the configured age.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the sub-second digits serve as randomness, not as a time"
-)]
+/// `age` shortened by up to `AGE_JITTER_PERCENT`, at random: connections opened together
+/// reconnect spread out, and never past the configured age.
 fn jittered(age: Duration) -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |now| u64::from(now.subsec_nanos()));
-    let per_mille = nanos % (AGE_JITTER_PERCENT * 10 + 1);
-    age - age * u32::try_from(per_mille).unwrap_or(0) / 1000
+    let per_mille: u32 = rand::random_range(0..=AGE_JITTER_PERCENT * 10);
+    age - age * per_mille / 1000
 }
 
 #[cfg(test)]

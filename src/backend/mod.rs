@@ -99,25 +99,11 @@ impl Refund {
     }
 }
 
-/// An id unique in this process and, with a random start per process, unlikely to meet
-/// another replica's in the same bucket's short memory (a collision only makes a refund
-/// be skipped: the safe side).
+/// A random 64-bit id: two refunds meet in a bucket's short memory with odds of about
+/// 2^-64 per pair (a collision only makes a refund be skipped: the safe side).
 fn fresh_refund_id() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    use std::sync::LazyLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    static START: LazyLock<u64> = LazyLock::new(|| RandomState::new().hash_one(0u64));
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    // splitmix64 of a counter: distinct inputs give distinct outputs (it is a bijection).
-    let mut z = START.wrapping_add(
-        NEXT.fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15),
-    );
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     // 0 is reserved for undos that carry no id.
-    (z ^ (z >> 31)).max(1)
+    rand::random::<u64>().max(1)
 }
 
 /// Why a backend could not decide.

@@ -2,7 +2,6 @@
 //! doubles from `initial` up to `max`, and each one is spread by `± jitter` of itself so a
 //! fleet that lost its control plane does not reconnect in lockstep.
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 /// The reconnect schedule.
@@ -51,13 +50,9 @@ impl Backoff {
 
     /// A fresh sequence of delays.
     pub fn delays(&self) -> Delays {
-        let seed = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
         Delays {
             backoff: *self,
             attempt: 0,
-            state: seed | 1,
         }
     }
 }
@@ -67,7 +62,6 @@ impl Backoff {
 pub struct Delays {
     backoff: Backoff,
     attempt: u32,
-    state: u64,
 }
 
 impl Delays {
@@ -80,23 +74,13 @@ impl Delays {
             .saturating_mul(factor)
             .min(self.backoff.max);
         self.attempt = self.attempt.saturating_add(1);
-        let spread = self.backoff.jitter * (2.0 * self.random() - 1.0);
+        let spread = self.backoff.jitter * rand::random_range(-1.0..=1.0);
         base.mul_f64((1.0 + spread).max(0.0))
     }
 
     /// Starts over from `initial` (after a stream worked).
     pub fn reset(&mut self) {
         self.attempt = 0;
-    }
-
-    /// Uniform in [0, 1) (xorshift64: quality enough to decorrelate replicas).
-    fn random(&mut self) -> f64 {
-        let mut x = self.state;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.state = x;
-        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

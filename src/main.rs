@@ -36,7 +36,10 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let matches = cli::serve_matches(&matches);
-            match reference_env::apply(&mut args, matches, &ProcessEnvironment) {
+            let applied = reference_env::apply(&mut args, matches, &ProcessEnvironment)
+                .map_err(|error| error.to_string())
+                .and_then(|report| args.check_plaintext().map(|()| report));
+            match applied {
                 Ok(report) => serve(&args, &report),
                 Err(error) => {
                     eprintln!("floodgate: {error}");

@@ -153,3 +153,101 @@ descriptors:
         assert!(line.starts_with(&format!("{prefix}{what}")), "{stderr}");
     }
 }
+
+/// A TLS setting beside a plaintext scheme stops startup naming both, for flags and for the
+/// reference's variables alike; a matching scheme passes the check.
+#[test]
+fn tls_settings_with_a_plaintext_scheme_stop_startup() {
+    let pem = tempfile::NamedTempFile::new().unwrap();
+    let pem = pem.path().to_str().unwrap().to_owned();
+    let xds = |server: &str| -> Vec<(String, String)> {
+        vec![
+            ("FLOODGATE_CONFIG_SOURCE".into(), "xds".into()),
+            ("FLOODGATE_XDS_SERVER".into(), server.into()),
+        ]
+    };
+    let redis = |url: &str| -> Vec<(String, String)> {
+        vec![
+            ("FLOODGATE_BACKEND".into(), "redis".into()),
+            ("FLOODGATE_REDIS_URL".into(), url.into()),
+        ]
+    };
+    let with = |mut base: Vec<(String, String)>, name: &str, value: &str| {
+        base.push((name.into(), value.into()));
+        base
+    };
+    let cases: Vec<(Vec<(String, String)>, [&str; 2])> = vec![
+        (
+            with(xds("http://u:pw@127.0.0.1:1"), "FLOODGATE_XDS_TLS", "true"),
+            ["--xds-tls", "--xds-server"],
+        ),
+        (
+            with(xds("127.0.0.1:1"), "FLOODGATE_XDS_TLS_CA", &pem),
+            ["--xds-tls-ca", "--xds-tls"],
+        ),
+        (
+            with(xds("http://127.0.0.1:1"), "FLOODGATE_XDS_TLS_CERT", &pem),
+            ["--xds-tls-cert", "--xds-server"],
+        ),
+        (
+            with(xds("127.0.0.1:1"), "FLOODGATE_XDS_TLS_KEY", &pem),
+            ["--xds-tls-key", "--xds-tls"],
+        ),
+        (
+            with(xds("127.0.0.1:1"), "FLOODGATE_XDS_TLS_SAN", "cp.internal"),
+            ["--xds-tls-san", "--xds-tls"],
+        ),
+        (
+            with(
+                redis("redis://u:pw@127.0.0.1:1"),
+                "FLOODGATE_REDIS_CA_FILE",
+                &pem,
+            ),
+            ["--redis-ca-file", "--redis-url"],
+        ),
+        (
+            with(
+                with(
+                    redis("redis://127.0.0.1:1"),
+                    "FLOODGATE_REDIS_TLS_CLIENT_CERT",
+                    &pem,
+                ),
+                "FLOODGATE_REDIS_TLS_CLIENT_KEY",
+                &pem,
+            ),
+            ["--redis-tls-client-cert", "--redis-url"],
+        ),
+        (
+            vec![
+                ("BACKEND_TYPE".into(), "redis".into()),
+                ("REDIS_URL".into(), "127.0.0.1:1".into()),
+                ("REDIS_TLS_CACERT".into(), pem.clone()),
+            ],
+            ["--redis-ca-file", "--redis-url"],
+        ),
+        (
+            vec![
+                ("CONFIG_TYPE".into(), "GRPC_XDS_SOTW".into()),
+                ("CONFIG_GRPC_XDS_SERVER_URL".into(), "127.0.0.1:1".into()),
+                ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT".into(), pem.clone()),
+            ],
+            ["--xds-tls-ca", "--xds-tls"],
+        ),
+    ];
+    for (env, names) in cases {
+        let out = common::serve_command()
+            .env_clear()
+            .envs(env.clone())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        for name in names {
+            assert!(
+                stderr.contains(name),
+                "{env:?} does not name {name}: {stderr}"
+            );
+        }
+        assert!(!stderr.contains("pw@"), "{stderr}");
+    }
+}

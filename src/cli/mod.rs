@@ -25,6 +25,7 @@ use crate::tls::{self, TlsFiles};
 
 mod choices;
 pub mod duration;
+mod plaintext;
 pub mod reference_env;
 mod statsd_args;
 mod tracing_args;
@@ -353,6 +354,19 @@ impl ServeArgs {
         self.redis_url.iter().try_for_each(RedisUrl::check)
     }
 
+    /// Rejects TLS settings that a plaintext scheme would ignore (see `plaintext`); run
+    /// after the reference's variables are applied, so they are checked too.
+    ///
+    /// # Errors
+    /// Every such pair, one per line.
+    pub fn check_plaintext(&self) -> Result<(), String> {
+        let conflicts = plaintext::conflicts(self);
+        if conflicts.is_empty() {
+            return Ok(());
+        }
+        Err(conflicts.join("\n"))
+    }
+
     /// The server settings these flags describe; reads the Redis CA file if one is named.
     ///
     /// # Errors
@@ -503,6 +517,11 @@ impl RedisUrl {
     /// The URL as given, secrets included: only for connecting.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether the URL asks for TLS (`rediss://`).
+    pub fn is_tls(&self) -> bool {
+        self.0.starts_with("rediss://")
     }
 
     /// The URL with the password (or a lone userinfo) and password query values masked.

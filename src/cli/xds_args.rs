@@ -91,7 +91,9 @@ impl XdsArgs {
             .clone()
             .filter(|server| !server.is_empty())
             .ok_or("--config-source xds needs --xds-server")?;
-        let tls = self.xds_tls.then(|| XdsTls {
+        // An https:// URL asks for TLS as --xds-tls does (tonic would not add it itself).
+        let tls_on = self.xds_tls || server.starts_with("https://");
+        let tls = tls_on.then(|| XdsTls {
             cert: self.xds_tls_cert.clone(),
             key: self.xds_tls_key.clone(),
             ca: self.xds_tls_ca.clone(),

@@ -152,8 +152,15 @@ fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
     }
     tracing::info!(version = cli::VERSION, ?settings, "starting floodgate");
     let result = runtime.block_on(async {
-        let stop = shutdown::signal();
-        let server = Server::bind(settings).await?;
+        let mut stop = Box::pin(shutdown::signal());
+        // Binding can wait long (for the first xDS rules): a signal meanwhile stops it.
+        let server = tokio::select! {
+            bound = Server::bind(settings) => bound?,
+            () = &mut stop => {
+                tracing::info!("stopped before serving");
+                return Ok(());
+            }
+        };
         server.serve(stop).await
     });
     if let Some(tracing) = tracing {

@@ -87,3 +87,39 @@ async fn sigint_also_exits_zero() {
     let log = server.log.lock().unwrap().join("\n");
     assert!(log.contains("shutdown complete"), "{log}");
 }
+
+/// Waiting for the first xDS rules from a server that never answers, the process still
+/// stops on SIGTERM (it used to ignore it until the rules came).
+#[test]
+fn sigterm_stops_a_replica_still_waiting_for_its_first_xds_rules() {
+    use std::io::{BufRead, BufReader};
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = silent.local_addr().unwrap().to_string();
+    let mut child = common::serve_command()
+        .args(["--config-source", "xds", "--xds-server", &server])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn floodgate");
+    let stdout = child.stdout.take().unwrap();
+    let waiting = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .take(50)
+        .any(|line| line.contains("waiting for the first rules"));
+    assert!(waiting, "the replica never said it waits for rules");
+    let pid = child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(killed.unwrap().success());
+    for _ in 0..100 {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("still running 5 s after SIGTERM");
+}

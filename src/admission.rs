@@ -86,10 +86,19 @@ pub struct Arrival {
     pub connection: Arc<ConnectionLoad>,
 }
 
-/// Descriptors in flight on one connection.
+/// What one connection carries: descriptors in flight (for the fair share) and how many
+/// calls it has sent (for the listener, which closes connections that never send one).
 #[derive(Debug, Default)]
 pub struct ConnectionLoad {
     in_flight: AtomicU64,
+    calls: AtomicU64,
+}
+
+impl ConnectionLoad {
+    /// Calls the connection has sent so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
 }
 
 /// A service that stamps each request with its [`Arrival`] before passing it on; one per
@@ -101,12 +110,9 @@ pub struct Stamped<S> {
 }
 
 impl<S> Stamped<S> {
-    /// Wraps the service of one new connection.
-    pub fn new(inner: S) -> Stamped<S> {
-        Stamped {
-            inner,
-            connection: Arc::default(),
-        }
+    /// Wraps the service of the connection whose load is `connection`.
+    pub fn new(inner: S, connection: Arc<ConnectionLoad>) -> Stamped<S> {
+        Stamped { inner, connection }
     }
 }
 
@@ -123,6 +129,7 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        self.connection.calls.fetch_add(1, Ordering::Relaxed);
         request.extensions_mut().insert(Arrival {
             at: Instant::now(),
             connection: Arc::clone(&self.connection),

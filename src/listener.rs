@@ -1,13 +1,19 @@
 //! The gRPC accept loop, with the bounds that keep one client from exhausting the server:
-//! a cap on open connections, a TLS handshake deadline, HTTP/2 stream and keepalive limits,
-//! and a maximum connection age after which the connection is drained (GOAWAY) and, past a
-//! grace period, closed.
+//! a cap on open connections, a deadline for a new connection's TLS handshake and first call,
+//! HTTP/2 stream and keepalive limits, and a maximum connection age after which the
+//! connection is drained (GOAWAY) and, past a grace period, closed.
+//!
+//! At the cap, a newcomer is not refused while some open connection has never sent a call:
+//! the oldest such connection is closed to make room. Sockets that send nothing (or finish a
+//! TLS handshake and then stay silent) thus cannot lock clients out, neither for the first
+//! call deadline nor at all, while connections that carry calls are never closed for it.
 //!
 //! tonic's own server has most of these knobs, but its connection age with a grace period
 //! closes the connection at age + grace without a GOAWAY at age, and it has no connection
 //! cap; so connections are accepted here and each is served by hyper directly with the
 //! tonic routes as its service.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +21,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use crate::admission::Stamped;
+use crate::admission::{ConnectionLoad, Stamped};
 use crate::tls::ReloadingAcceptor;
 
 /// Default largest decoded gRPC message: far above any real rate-limit request (a few
@@ -37,8 +44,8 @@ pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(3600);
 /// Default cap on open gRPC connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
-/// Longest TLS handshake; a client that stalls is disconnected.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a new connection gets to finish its TLS handshake and send its first call.
+pub const DEFAULT_FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest header block a client may send: gRPC metadata of a rate-limit call is small.
 const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Streams a client may reset before they were taken, per allowed concurrent stream (see
@@ -65,8 +72,12 @@ pub struct GrpcLimits {
     pub max_connection_age: Option<Duration>,
     /// Time in-flight calls get after that GOAWAY before the connection is closed.
     pub max_connection_age_grace: Duration,
-    /// Open connections at most; past it new connections are closed at once.
+    /// Open connections at most; past it a connection that never sent a call makes room,
+    /// else new connections are closed at once.
     pub max_connections: usize,
+    /// Time a new connection gets to finish its TLS handshake and send its first call;
+    /// None waits forever.
+    pub first_call_timeout: Option<Duration>,
     /// Latency target of overload shedding ([`crate::admission`]); None turns it off.
     pub overload_target: Option<Duration>,
 }
@@ -81,6 +92,7 @@ impl Default for GrpcLimits {
             max_connection_age: Some(DEFAULT_MAX_CONNECTION_AGE),
             max_connection_age_grace: DEFAULT_MAX_CONNECTION_AGE_GRACE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            first_call_timeout: Some(DEFAULT_FIRST_CALL_TIMEOUT),
             overload_target: Some(crate::admission::DEFAULT_TARGET_LATENCY),
         }
     }
@@ -99,6 +111,7 @@ pub async fn serve(
     let mut stopping = stop.clone();
     let limits = Arc::new(limits);
     let mut connections = JoinSet::new();
+    let open = Arc::new(Open::default());
     let mut refusing = false;
     loop {
         tokio::select! {
@@ -113,7 +126,7 @@ pub async fn serve(
                         continue;
                     }
                 };
-                if connections.len() >= limits.max_connections {
+                if connections.len() >= limits.max_connections && !open.evict_one_silent() {
                     if !refusing {
                         tracing::warn!(
                             max = limits.max_connections,
@@ -127,24 +140,35 @@ pub async fn serve(
                 refusing = false;
                 // Small unary calls: Nagle's delay would dominate their latency.
                 let _ = tcp.set_nodelay(true);
+                let registered = open.register();
                 let connection = Connection {
                     routes: routes.clone(),
                     limits: Arc::clone(&limits),
                     stop: stop.clone(),
+                    load: Arc::clone(&registered.load),
+                    evicted: Arc::clone(&registered.evict),
+                    first_call_by: limits.first_call_timeout.map(|t| Instant::now() + t),
                 };
                 let tls = tls.as_ref().map(|tls| tls.acceptor());
                 connections.spawn(async move {
+                    // Leaves the registry whichever way the connection ends.
+                    let _registered = registered;
                     match tls {
                         None => connection.serve(tcp).await,
                         Some(acceptor) => {
-                            let handshake =
-                                tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-                            match handshake.await {
-                                Ok(Ok(stream)) => connection.serve(stream).await,
-                                Ok(Err(error)) => {
+                            let handshake = acceptor.accept(tcp);
+                            let stream = tokio::select! {
+                                done = handshake => done,
+                                () = connection.silent_too_long() => {
+                                    tracing::debug!(%peer, "gRPC TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                            match stream {
+                                Ok(stream) => connection.serve(stream).await,
+                                Err(error) => {
                                     tracing::debug!(%peer, "gRPC TLS handshake failed: {error}");
                                 }
-                                Err(_) => tracing::debug!(%peer, "gRPC TLS handshake timed out"),
                             }
                         }
                     }
@@ -156,14 +180,113 @@ pub async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
+/// The open connections, so that at the cap one that never sent a call can make room.
+#[derive(Default)]
+struct Open {
+    entries: parking_lot::Mutex<OpenEntries>,
+}
+
+#[derive(Default)]
+struct OpenEntries {
+    next_id: u64,
+    by_id: HashMap<u64, Registered>,
+}
+
+/// One open connection as the registry knows it; dropped (by the connection's task) when
+/// the connection ends, which removes it.
+struct Registration {
+    open: Arc<Open>,
+    id: u64,
+    load: Arc<ConnectionLoad>,
+    evict: Arc<Notify>,
+}
+
+#[derive(Clone)]
+struct Registered {
+    load: Arc<ConnectionLoad>,
+    evict: Arc<Notify>,
+}
+
+impl Open {
+    fn register(self: &Arc<Open>) -> Registration {
+        let registered = Registered {
+            load: Arc::default(),
+            evict: Arc::default(),
+        };
+        let mut entries = self.entries.lock();
+        entries.next_id += 1;
+        let id = entries.next_id;
+        entries.by_id.insert(id, registered.clone());
+        Registration {
+            open: Arc::clone(self),
+            id,
+            load: registered.load,
+            evict: registered.evict,
+        }
+    }
+
+    /// Closes the oldest open connection that has never sent a call, if there is one.
+    fn evict_one_silent(&self) -> bool {
+        let mut entries = self.entries.lock();
+        let oldest = entries
+            .by_id
+            .iter()
+            .filter(|(_, entry)| entry.load.calls() == 0)
+            .map(|(&id, _)| id)
+            .min();
+        let Some(entry) = oldest.and_then(|id| entries.by_id.remove(&id)) else {
+            return false;
+        };
+        entry.evict.notify_one();
+        tracing::debug!("gRPC connection limit reached: closing a connection that sent no call");
+        true
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.open.entries.lock().by_id.remove(&self.id);
+    }
+}
+
 /// What one connection needs.
 struct Connection {
     routes: tonic::service::Routes,
     limits: Arc<GrpcLimits>,
     stop: watch::Receiver<bool>,
+    load: Arc<ConnectionLoad>,
+    /// Notified when the connection is closed to make room (see `Open`).
+    evicted: Arc<Notify>,
+    /// When it must have sent its first call (`GrpcLimits::first_call_timeout`).
+    first_call_by: Option<Instant>,
 }
 
 impl Connection {
+    /// Resolves once the connection must close for sending no call: evicted at the cap, or
+    /// past its first call deadline without a call.
+    fn silent_too_long(&self) -> impl Future<Output = ()> + use<> {
+        let (load, evicted, first_call_by) = (
+            Arc::clone(&self.load),
+            Arc::clone(&self.evicted),
+            self.first_call_by,
+        );
+        async move {
+            let deadline = async {
+                match first_call_by {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+                if load.calls() > 0 {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = deadline => {}
+                () = evicted.notified() => {}
+            }
+        }
+    }
+
     async fn serve<IO>(mut self, io: IO)
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -184,7 +307,8 @@ impl Connection {
             .max_pending_accept_reset_streams(Some(
                 limits.max_concurrent_streams as usize * PENDING_RESETS_PER_STREAM,
             ));
-        let service = TowerToHyperService::new(Stamped::new(self.routes.clone()));
+        let service =
+            TowerToHyperService::new(Stamped::new(self.routes.clone(), Arc::clone(&self.load)));
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let age = limits.max_connection_age.map(jittered);
@@ -192,9 +316,15 @@ impl Connection {
         tokio::pin!(aged);
         let closing = sleep_or_never(None);
         tokio::pin!(closing);
+        let silent = self.silent_too_long();
+        tokio::pin!(silent);
         let mut draining = false;
         loop {
             tokio::select! {
+                () = &mut silent, if !draining => {
+                    tracing::debug!("gRPC connection sent no call in time: closing it");
+                    return;
+                }
                 result = &mut connection => {
                     if let Err(error) = result {
                         tracing::debug!("gRPC connection ended: {error}");

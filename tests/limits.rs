@@ -132,41 +132,69 @@ async fn requests_past_the_message_size_limit_are_refused() {
     server.stop().await;
 }
 
+/// Makes one call on `client`; panics with the status if it is not answered.
+async fn answered(client: &mut RateLimitServiceClient<Channel>) {
+    let call = request("limits", vec![descriptor(&[("k", "v")])]);
+    let answer = client.should_rate_limit(call).await.expect("answered");
+    assert_eq!(answer.into_inner().overall_code(), Code::Ok);
+}
+
+/// Reads until the server closes `socket` (EOF or a reset), within `limit`.
+async fn closed_within(socket: &mut TcpStream, limit: Duration) {
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(limit, async {
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    });
+    closed.await.expect("the server closed the connection");
+}
+
 #[tokio::test]
-async fn connections_past_the_cap_are_closed() {
+async fn silent_sockets_at_the_cap_make_room_and_busy_connections_keep_theirs() {
     let server = TestServer::start_with(&[("limits.yaml", CONFIG)], |settings| {
         settings.grpc_limits.max_connections = 4;
     })
     .await;
-    let mut idle = idle_connections(server.grpc, 4).await;
-    // The fifth is accepted by the kernel, then closed by the server: EOF or a reset.
+    // Four sockets that never send a byte fill the cap: a client still gets in, and again.
+    let mut silent = idle_connections(server.grpc, 4).await;
+    let mut first = client(server.grpc).await;
+    answered(&mut first).await;
+    let mut second = client(server.grpc).await;
+    answered(&mut second).await;
+    // The oldest silent sockets were closed to make room for them.
+    closed_within(&mut silent[0], Duration::from_secs(2)).await;
+    closed_within(&mut silent[1], Duration::from_secs(2)).await;
+    // Once only connections that carried calls and silent newcomers are left, a newcomer
+    // evicts the remaining silent ones, then is refused itself: busy connections stay.
+    let mut third = client(server.grpc).await;
+    answered(&mut third).await;
+    let mut fourth = client(server.grpc).await;
+    answered(&mut fourth).await;
     let mut extra = TcpStream::connect(server.grpc).await.unwrap();
-    let mut buf = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(10), extra.read(&mut buf))
-        .await
-        .expect("the extra connection is closed");
-    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-    // Room again once one idle connection goes.
-    drop(idle.pop());
-    let mut answered = false;
-    for _ in 0..50 {
-        let channel = Endpoint::from_shared(format!("http://{}", server.grpc))
-            .unwrap()
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .await;
-        if let Ok(channel) = channel {
-            let mut client = RateLimitServiceClient::new(channel);
-            let call = request("limits", vec![descriptor(&[("k", "v")])]);
-            if client.should_rate_limit(call).await.is_ok() {
-                answered = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    closed_within(&mut extra, Duration::from_secs(2)).await;
+    for client in [&mut first, &mut second, &mut third, &mut fourth] {
+        answered(client).await;
     }
-    assert!(answered, "no answer after a connection slot was freed");
-    drop(idle);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_no_call_is_closed_after_the_first_call_timeout() {
+    let server = TestServer::start_with(&[("limits.yaml", CONFIG)], |settings| {
+        settings.grpc_limits.first_call_timeout = Some(Duration::from_millis(300));
+    })
+    .await;
+    let mut silent = TcpStream::connect(server.grpc).await.unwrap();
+    closed_within(&mut silent, Duration::from_secs(5)).await;
+    // A client that calls keeps its connection past the timeout.
+    let mut client = client(server.grpc).await;
+    answered(&mut client).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    answered(&mut client).await;
     server.stop().await;
 }
 

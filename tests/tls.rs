@@ -364,3 +364,67 @@ fn all_output(output: &std::process::Output) -> String {
         String::from_utf8_lossy(&output.stderr)
     )
 }
+
+/// A TLS connection that finishes its handshake (presenting `identity`) and then sends
+/// nothing, as a stalled or hostile client would.
+async fn silent_tls(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    identity: &Pair,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let chain = CertificateDer::pem_slice_iter(identity.cert_pem.as_bytes())
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.expect("TLS handshake")
+}
+
+#[tokio::test]
+async fn silent_sockets_do_not_lock_tls_and_mtls_clients_out() {
+    let pki = Pki::new();
+    let client_ca = Ca::new("client CA");
+    let client_ca_file = pki.dir.path().join("client-ca.pem");
+    std::fs::write(&client_ca_file, client_ca.pem()).unwrap();
+    let client = client_ca.issue(&["envoy.mesh"], Role::Client);
+    for mtls in [false, true] {
+        let files = pki.files(mtls.then_some(client_ca_file.as_path()), None);
+        let server = TestServer::start_with(&[("tls.yaml", CONFIG)], move |settings| {
+            settings.grpc_tls = Some(files);
+            settings.grpc_limits.max_connections = 3;
+        })
+        .await;
+        // Three raw sockets, or three that finish the (mutual) TLS handshake, then silence.
+        let mut raw = Vec::new();
+        let mut handshaken = Vec::new();
+        for _ in 0..3 {
+            if mtls {
+                handshaken.push(silent_tls(server.grpc, &pki.ca.pem(), &client).await);
+            } else {
+                raw.push(tokio::net::TcpStream::connect(server.grpc).await.unwrap());
+            }
+        }
+        for attempt in 0..3 {
+            let answer = call(&server, &pki.ca.pem(), Some(&client)).await;
+            assert_eq!(answer, Ok(Code::Ok), "mtls {mtls}, call {attempt}");
+        }
+        drop((raw, handshaken));
+        server.stop().await;
+    }
+}

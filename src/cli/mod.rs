@@ -75,6 +75,8 @@ pub const DEFAULT_GRPC_KEEPALIVE_TIMEOUT: &str = "20s";
 pub const DEFAULT_GRPC_MAX_CONNECTION_AGE: &str = "24h";
 /// Default time in-flight calls get after that GOAWAY (the reference service's default).
 pub const DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE: &str = "1h";
+/// Default time a new gRPC connection gets for its first call (`listener`'s default).
+pub const DEFAULT_GRPC_FIRST_CALL_TIMEOUT: &str = "5s";
 /// Default overload latency target (`admission::DEFAULT_TARGET_LATENCY`, in Go syntax).
 pub const DEFAULT_OVERLOAD_TARGET_LATENCY: &str = "5ms";
 /// Default xDS node id: the reference's.
@@ -307,6 +309,11 @@ pub struct ServeArgs {
     /// Time in-flight calls get after that GOAWAY before the connection is closed.
     #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_name = "DURATION", default_value = DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE)]
     pub grpc_max_connection_age_grace: GoDuration,
+    /// Time a new gRPC connection gets to finish its TLS handshake and send its first call;
+    /// past it, and at the connection cap, a connection that sent none is closed. 0 waits
+    /// forever.
+    #[arg(long, env = "FLOODGATE_GRPC_FIRST_CALL_TIMEOUT", value_name = "DURATION", default_value = DEFAULT_GRPC_FIRST_CALL_TIMEOUT)]
+    pub grpc_first_call_timeout: GoDuration,
     /// Overload shedding (see README, Overload): calls that cannot be answered before their
     /// deadline are answered at once by the failure mode; calls without a deadline are shed
     /// once they meet a queue standing above this latency. 0 turns all shedding off.
@@ -470,6 +477,7 @@ impl ServeArgs {
             max_connection_age_grace: self.grpc_max_connection_age_grace.0,
             max_connections: self.grpc_max_connections,
             overload_target: nonzero(self.overload_target_latency),
+            first_call_timeout: nonzero(self.grpc_first_call_timeout),
         }
     }
 

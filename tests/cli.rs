@@ -158,6 +158,8 @@ descriptors:
 /// reference's variables alike; a matching scheme passes the check.
 #[test]
 fn tls_settings_with_a_plaintext_scheme_stop_startup() {
+    /// Environment of one run, and the two settings its error must name.
+    type Case = (Vec<(String, String)>, [&'static str; 2]);
     let pem = tempfile::NamedTempFile::new().unwrap();
     let pem = pem.path().to_str().unwrap().to_owned();
     let xds = |server: &str| -> Vec<(String, String)> {
@@ -176,7 +178,7 @@ fn tls_settings_with_a_plaintext_scheme_stop_startup() {
         base.push((name.into(), value.into()));
         base
     };
-    let cases: Vec<(Vec<(String, String)>, [&str; 2])> = vec![
+    let cases: Vec<Case> = vec![
         (
             with(xds("http://u:pw@127.0.0.1:1"), "FLOODGATE_XDS_TLS", "true"),
             ["--xds-tls", "--xds-server"],

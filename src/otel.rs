@@ -40,6 +40,10 @@ pub const DEFAULT_SERVICE_NAME: &str = "floodgate";
 /// turned on by `TRACING_ENABLED` so existing trace queries keep matching.
 pub const REFERENCE_SERVICE_NAME: &str = "RateLimit";
 /// The OTLP/HTTP path of traces, appended to an `--otlp-endpoint` without a path.
+/// Longest client-sent text a span attribute keeps, in bytes: with the exporter's queue of
+/// at most 2,048 spans (`OTEL_BSP_MAX_QUEUE_SIZE`'s default), queued spans hold at most
+/// about 2,048 x (256 B + the fixed attributes), under 4 MB, whatever the requests send.
+const MAX_ATTRIBUTE_BYTES: usize = 256;
 const HTTP_TRACES_PATH: &str = "/v1/traces";
 /// How long shutdown waits for the last spans to be exported.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -194,9 +198,7 @@ impl Tracing {
             BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                settings.sampling_rate,
-            ))))
+            .with_sampler(sampler(settings.sampling_rate))
             .with_resource(resource(settings))
             .build();
         Ok(Tracing { provider })
@@ -227,6 +229,28 @@ impl Tracing {
     }
 }
 
+/// The sampler of a sampling rate: a caller's sampled flag is followed (as Envoy's traces
+/// expect), except at rate 0, which means no span at all: a caller must not be able to turn
+/// tracing on (and fill the exporter's queue) where the operator turned it off.
+fn sampler(rate: f64) -> Sampler {
+    if rate <= 0.0 {
+        return Sampler::AlwaysOff;
+    }
+    Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(rate)))
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// `service.name`, `service.namespace` and `service.instance.id`, over the SDK's defaults
 /// (which add `OTEL_RESOURCE_ATTRIBUTES`).
 fn resource(settings: &TracingSettings) -> Resource {
@@ -252,6 +276,9 @@ fn random_uuid() -> String {
 /// (`traceparent`, `tracestate`) when `headers` carry one. Its code is recorded by
 /// [`record_code`].
 pub fn should_rate_limit_span(headers: &dyn Extractor, domain: &str, descriptors: usize) -> Span {
+    // The span is made before the request is validated: a client-sent text is cut, so a
+    // queued span holds at most this much of it.
+    let domain = truncated(domain, MAX_ATTRIBUTE_BYTES);
     let span = tracing::info_span!(
         target: TARGET,
         "ShouldRateLimit",

@@ -386,3 +386,62 @@ fn unusable_tracing_settings_stop_startup() {
     assert_eq!(code, Some(2));
     assert!(stderr.contains("TRACING_SAMPLING_RATE"), "{stderr}");
 }
+
+/// A client-sent domain is cut to 256 bytes in the span (a 900 KB domain used to be copied
+/// whole into every queued span), and at `--tracing-sampling-rate 0` a caller's sampled flag
+/// no longer turns tracing on.
+#[tokio::test]
+async fn span_attributes_are_capped_and_rate_zero_exports_nothing() {
+    let (collector, received) = grpc_collector().await;
+    let dir = rules();
+    let endpoint = format!("http://{collector}");
+    let args = |rate: &'static str| {
+        vec![
+            "--config".to_owned(),
+            dir.path().to_str().unwrap().to_owned(),
+            "--otlp-protocol".into(),
+            "grpc".into(),
+            "--otlp-endpoint".into(),
+            endpoint.clone(),
+            "--tracing-sampling-rate".into(),
+            rate.into(),
+        ]
+    };
+    let huge_domain = "d".repeat(900_000);
+    let server = Binary::start(
+        &args("1").iter().map(String::as_str).collect::<Vec<_>>(),
+        &[QUICK_EXPORT],
+    );
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let mut huge =
+        tonic::Request::new(request(&huge_domain, vec![descriptor(&[("api_key", "v")])]));
+    huge.metadata_mut()
+        .insert("traceparent", traceparent("01").parse().unwrap());
+    let status = client.should_rate_limit(huge).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let (_, span) = received.wait_for("ShouldRateLimit").await;
+    let domain = string_attribute(&span.attributes, "ratelimit.domain").unwrap();
+    assert_eq!(domain.len(), 256);
+    drop(server);
+
+    let (collector, received) = grpc_collector().await;
+    let endpoint = format!("http://{collector}");
+    let mut args = args("0");
+    args[5] = endpoint;
+    let mut server = Binary::start(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[QUICK_EXPORT],
+    );
+    for _ in 0..5 {
+        call(server.grpc, Some(&traceparent("01"))).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.signal("TERM");
+    assert_eq!(server.wait_exit(Duration::from_secs(20)).await, Some(0));
+    assert!(
+        received.payloads().is_empty(),
+        "a rate-0 replica exported spans"
+    );
+}

@@ -226,6 +226,11 @@ impl Matcher {
         self.source == domains
     }
 
+    /// How many domains are loaded.
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
     /// Whether a domain is loaded.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)

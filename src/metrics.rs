@@ -127,6 +127,8 @@ pub struct Metrics {
     pub config_load_error: Counter,
     /// Rules in the active config.
     pub loaded_rules: Gauge,
+    /// Domains in the active config (0: no limit applies, e.g. an empty xDS snapshot).
+    pub loaded_domains: Gauge,
     /// Decisions answered from the local over-limit cache.
     pub local_cache_hits: Counter,
     /// Requests rejected as invalid before evaluation.
@@ -289,6 +291,7 @@ impl Metrics {
             config_load_success: Counter::default(),
             config_load_error: Counter::default(),
             loaded_rules: Gauge::default(),
+            loaded_domains: Gauge::default(),
             local_cache_hits: Counter::default(),
             invalid_requests: Counter::default(),
             decisions: Family::default(),
@@ -336,6 +339,11 @@ impl Metrics {
             "config_load_error",
             "Config loads rejected",
             metrics.config_load_error.clone(),
+        );
+        fg.register(
+            "loaded_domains",
+            "Domains in the active config; 0 means no rate limit applies",
+            metrics.loaded_domains.clone(),
         );
         fg.register(
             "loaded_rules",

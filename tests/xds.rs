@@ -269,6 +269,7 @@ fn xds_settings(addr: SocketAddr) -> XdsSettings {
         node_metadata: vec![("zone".into(), "z1".into())],
         headers: vec![("x-token".into(), "t0ken".into())],
         tls: None,
+        stall_timeout: Duration::from_secs(5),
         backoff: Backoff {
             initial: Duration::from_millis(50),
             max: Duration::from_millis(200),
@@ -531,6 +532,57 @@ async fn rules_arrive_over_mutual_tls() {
     });
     let server = start_floodgate(|s| s.xds = Some(settings)).await;
     assert_eq!(limit(&server).await, Some(5));
+    server.stop().await;
+    drop(ads);
+}
+
+/// A management server that accepts the connection and never answers is left after the
+/// stall timeout and tried again, instead of keeping the replica waiting without a word.
+#[tokio::test]
+async fn a_server_that_never_answers_is_left_and_retried() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let server = start_floodgate(|settings| {
+        let mut xds = xds_settings(addr);
+        xds.stall_timeout = Duration::from_millis(300);
+        settings.xds = Some(xds);
+        settings.startup.force_start_without_initial_config = true;
+    })
+    .await;
+    let mut held = Vec::new();
+    for attempt in 0..3 {
+        let accepted = tokio::time::timeout(Duration::from_secs(10), silent.accept()).await;
+        let (socket, _) = accepted
+            .unwrap_or_else(|_| panic!("no connection attempt {attempt} within 10 s"))
+            .unwrap();
+        held.push(socket);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_empty_snapshot_leaves_no_domain_and_says_so_in_a_metric() {
+    let ads = AdsServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), rules("r", 2, 5))),
+    )
+    .await;
+    let addr = ads.addr;
+    let server = start_floodgate(|settings| {
+        settings.xds = Some(xds_settings(addr));
+    })
+    .await;
+    assert_eq!(metric(&server, "floodgate_loaded_domains ").await, "floodgate_loaded_domains 1");
+    ads.push("v2", Vec::new());
+    for _ in 0..200 {
+        if limit(&server).await.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(limit(&server).await, None, "the empty snapshot is applied");
+    assert_eq!(metric(&server, "floodgate_loaded_domains ").await, "floodgate_loaded_domains 0");
+    assert!(wait_for_readiness(&server, true).await, "health stays OK");
     server.stop().await;
     drop(ads);
 }

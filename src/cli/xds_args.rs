@@ -111,6 +111,7 @@ impl XdsArgs {
                 .map(|headers| xds::parse_headers(headers.as_str()))
                 .unwrap_or_default(),
             tls,
+            stall_timeout: xds::DEFAULT_STALL_TIMEOUT,
             backoff: Backoff {
                 initial: Duration::from_millis(self.xds_backoff_initial_ms),
                 max: Duration::from_millis(self.xds_backoff_max_ms),

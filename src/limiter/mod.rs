@@ -337,6 +337,7 @@ impl Limiter {
         let cache = (options.local_cache_entries > 0)
             .then(|| OverLimitCache::new(options.local_cache_entries, options.local_cache_max_age));
         metrics.loaded_rules.set(rules.rules().len() as i64);
+        metrics.loaded_domains.set(rules.domain_count() as i64);
         Limiter {
             rules: ArcSwap::from_pointee(RuleSet::new(rules)),
             backend,
@@ -349,6 +350,7 @@ impl Limiter {
     /// Swaps in new rules atomically; requests in flight finish on the old ones.
     pub fn replace_rules(&self, rules: Matcher) {
         self.metrics.loaded_rules.set(rules.rules().len() as i64);
+        self.metrics.loaded_domains.set(rules.domain_count() as i64);
         self.rules.store(Arc::new(RuleSet::new(rules)));
         self.metrics.retain_rules(self.rules.load().matcher.rules());
         // A changed limit may have room where the old one had none.

@@ -36,8 +36,14 @@ use crate::proto::google::rpc::Status as RpcStatus;
 
 /// Longest NACK message sent back; a huge invalid config must not make a huge request.
 const MAX_ERROR_DETAIL_BYTES: usize = 16 * 1024;
-/// Bound on connecting to the management server.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on connecting to the management server and on opening the stream there
+/// ([`XdsSettings::stall_timeout`]).
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings on the channel, so a half-open connection (a peer that vanished without a
+/// FIN) is noticed and reconnected instead of keeping stale rules in force forever.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// An unanswered ping closes the channel after this.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// gRPC status code INVALID_ARGUMENT, carried in a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -56,6 +62,9 @@ pub struct XdsSettings {
     pub tls: Option<XdsTls>,
     /// Reconnect schedule.
     pub backoff: Backoff,
+    /// Bound on connecting and on opening the stream: a server that accepts and never
+    /// answers is left and retried (with backoff) instead of keeping the rules stale.
+    pub stall_timeout: Duration,
 }
 
 /// Client TLS towards the management server. Files are read at every connect, so rotated
@@ -77,7 +86,7 @@ impl fmt::Debug for XdsSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let header_names: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
         f.debug_struct("XdsSettings")
-            .field("server", &self.server)
+            .field("server", &self.shown_server())
             .field("node_id", &self.node_id)
             .field("node_metadata", &self.node_metadata)
             .field("header_names", &header_names)
@@ -94,7 +103,7 @@ impl XdsSettings {
     /// An unusable server URL, header, TLS file pairing or backoff.
     pub fn check(&self) -> Result<(), String> {
         Endpoint::from_shared(self.uri())
-            .map_err(|error| format!("invalid xDS server `{}`: {error}", self.server))?;
+            .map_err(|error| format!("invalid xDS server `{}`: {error}", self.shown_server()))?;
         for (name, value) in &self.headers {
             AsciiMetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
                 .map_err(|_| format!("invalid xDS client header name `{name}`"))?;
@@ -107,6 +116,11 @@ impl XdsSettings {
             return Err("xDS client TLS needs both a certificate and its key, or neither".into());
         }
         self.backoff.check()
+    }
+
+    /// The server as logs show it: credentials in the URL masked.
+    pub fn shown_server(&self) -> String {
+        crate::redact::url(&self.server)
     }
 
     /// The server as a URI: a bare `host:port` gets the scheme its TLS setting implies.
@@ -226,10 +240,15 @@ async fn run(settings: XdsSettings, limiter: Arc<Limiter>, applied: watch::Sende
     for (name, _) in &settings.headers {
         tracing::debug!(header = %name, "xDS client header set");
     }
+    let server = settings.shown_server();
+    let secrets = crate::redact::Secrets::of(&[&settings.server]);
     loop {
         match stream(&settings, &limiter, &applied, &mut acked, &mut delays).await {
-            Ok(()) => tracing::warn!(server = %settings.server, "xDS stream closed by the server"),
-            Err(error) => tracing::warn!(server = %settings.server, %error, "xDS stream down"),
+            Ok(()) => tracing::warn!(%server, "xDS stream closed by the server"),
+            Err(error) => {
+                let error = secrets.scrub(error.to_string());
+                tracing::warn!(%server, %error, "xDS stream down");
+            }
         }
         let delay = delays.next_delay();
         tracing::info!(
@@ -266,8 +285,16 @@ async fn stream(
             call.metadata_mut().insert(name, value);
         }
     }
-    let mut responses = client.stream_aggregated_resources(call).await?.into_inner();
-    tracing::info!(server = %settings.server, node = %settings.node_id, "xDS stream open");
+    let opened = tokio::time::timeout(
+        settings.stall_timeout,
+        client.stream_aggregated_resources(call),
+    );
+    let mut responses = opened
+        .await
+        .map_err(|_| StreamError::Connect("no answer to opening the stream".into()))??
+        .into_inner();
+    let server = settings.shown_server();
+    tracing::info!(%server, node = %settings.node_id, "xDS stream open");
     while let Some(response) = responses.message().await? {
         delays.reset();
         let reply = answer(settings, limiter, &response, acked).await;
@@ -282,7 +309,10 @@ async fn stream(
 async fn connect(settings: &XdsSettings) -> Result<Channel, StreamError> {
     let mut endpoint = Endpoint::from_shared(settings.uri())
         .map_err(|error| StreamError::Connect(error.to_string()))?
-        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_timeout(settings.stall_timeout)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true);
     if let Some(tls) = &settings.tls {
         endpoint = endpoint
@@ -366,6 +396,14 @@ async fn apply(limiter: &Limiter, response: &DiscoveryResponse) -> Result<(), St
         return Ok(());
     }
     let count = domains.len();
+    if count == 0 && !limiter.rules().compiled_from(&[]) {
+        // As the reference does, an empty snapshot is applied; but it is almost always a
+        // management server's mistake, so it is said loudly (and alerted on: no domains).
+        tracing::warn!(
+            version = %response.version_info,
+            "xDS update removes every rate limit rule; every call is now answered OK"
+        );
+    }
     limiter.replace_rules(Matcher::new(domains));
     tracing::info!(
         version = %response.version_info,
@@ -429,8 +467,21 @@ mod tests {
             node_metadata: vec![],
             headers: vec![("authorization".into(), "Bearer s3cret".into())],
             tls: None,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
             backoff: Backoff::default(),
         }
+    }
+
+    #[test]
+    fn credentials_in_the_server_url_are_never_shown() {
+        let mut xds = settings();
+        xds.server = "http://user:pa55word@cp:18000".into();
+        let shown = format!("{xds:?} {}", xds.shown_server());
+        assert!(!shown.contains("pa55word"), "{shown}");
+        assert!(shown.contains("cp:18000"), "{shown}");
+        xds.server = "http://user:pa55word@[bad".into();
+        let error = xds.check().unwrap_err();
+        assert!(!error.contains("pa55word"), "{error}");
     }
 
     #[test]

@@ -53,6 +53,15 @@ pub struct XdsArgs {
     /// Name to verify in the server certificate instead of the URL's host.
     #[arg(long, env = "FLOODGATE_XDS_TLS_SAN", value_name = "NAME")]
     pub xds_tls_san: Option<String>,
+    /// Largest response accepted from the management server, in bytes.
+    #[arg(
+        long,
+        env = "FLOODGATE_XDS_MAX_MESSAGE_BYTES",
+        value_name = "BYTES",
+        default_value_t = xds::DEFAULT_MAX_MESSAGE_BYTES,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..)
+    )]
+    pub xds_max_message_bytes: usize,
     /// First reconnect delay, in milliseconds; doubles up to --xds-backoff-max-ms.
     #[arg(
         long,
@@ -112,6 +121,7 @@ impl XdsArgs {
                 .unwrap_or_default(),
             tls,
             stall_timeout: xds::DEFAULT_STALL_TIMEOUT,
+            max_message_bytes: self.xds_max_message_bytes,
             backoff: Backoff {
                 initial: Duration::from_millis(self.xds_backoff_initial_ms),
                 max: Duration::from_millis(self.xds_backoff_max_ms),

@@ -39,6 +39,8 @@ const MAX_ERROR_DETAIL_BYTES: usize = 16 * 1024;
 /// Default bound on connecting to the management server and on opening the stream there
 /// ([`XdsSettings::stall_timeout`]).
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default largest xDS response, in bytes (tonic's and gRPC's usual 4 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// HTTP/2 pings on the channel, so a half-open connection (a peer that vanished without a
 /// FIN) is noticed and reconnected instead of keeping stale rules in force forever.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -65,6 +67,9 @@ pub struct XdsSettings {
     /// Bound on connecting and on opening the stream: a server that accepts and never
     /// answers is left and retried (with backoff) instead of keeping the rules stale.
     pub stall_timeout: Duration,
+    /// Largest response accepted from the server, in bytes (the reference's
+    /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`); a larger one fails the stream, which reconnects.
+    pub max_message_bytes: usize,
 }
 
 /// Client TLS towards the management server. Files are read at every connect, so rotated
@@ -269,7 +274,8 @@ async fn stream(
     delays: &mut backoff::Delays,
 ) -> Result<(), StreamError> {
     let channel = connect(settings).await?;
-    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let mut client = AggregatedDiscoveryServiceClient::new(channel)
+        .max_decoding_message_size(settings.max_message_bytes);
     let (mut requests, outgoing) = futures::channel::mpsc::channel::<DiscoveryRequest>(4);
     requests
         .send(settings.request(acked, "", None))
@@ -468,6 +474,7 @@ mod tests {
             headers: vec![("authorization".into(), "Bearer s3cret".into())],
             tls: None,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             backoff: Backoff::default(),
         }
     }

@@ -204,6 +204,7 @@ const XDS_TLS_CERT: Setting = setting("--xds-tls-cert");
 const XDS_TLS_KEY: Setting = setting("--xds-tls-key");
 const XDS_TLS_CA: Setting = setting("--xds-tls-ca");
 const XDS_TLS_SAN: Setting = setting("--xds-tls-san");
+const XDS_MAX_MESSAGE_BYTES: Setting = setting("--xds-max-message-bytes");
 const XDS_BACKOFF_INITIAL: Setting = setting("--xds-backoff-initial-ms");
 const XDS_BACKOFF_MAX: Setting = setting("--xds-backoff-max-ms");
 const XDS_BACKOFF_JITTER: Setting = setting("--xds-backoff-jitter");

@@ -180,7 +180,7 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 63] = [
+    const MAPPED: [&str; 64] = [
         "USE_STATSD",
         "USE_DOG_STATSD",
         "STATSD_HOST",
@@ -210,6 +210,7 @@ mod tests {
         "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
         "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
         "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
         "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
         "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
         "XDS_CLIENT_BACKOFF_JITTER",

@@ -64,6 +64,14 @@ impl Mapper<'_> {
         if self.claim(XDS_TLS_SAN, &["CONFIG_GRPC_XDS_SERVER_TLS_SAN"]) {
             xds.xds_tls_san = self.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN");
         }
+        let max_message = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES";
+        if self.claim(XDS_MAX_MESSAGE_BYTES, &[max_message]) {
+            let bytes = self.parse(max_message, |value| match value.parse::<usize>() {
+                Ok(bytes) if bytes >= 1024 => Ok(bytes),
+                _ => Err("not a size in bytes of at least 1024".to_owned()),
+            })?;
+            xds.xds_max_message_bytes = bytes.unwrap_or(xds.xds_max_message_bytes);
+        }
         for (setting, name, field) in [
             (
                 XDS_BACKOFF_INITIAL,

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET="${1:-45}"
 shift || true
-ALL_TARGETS=(config_file config_dir request json_body reference_env)
+ALL_TARGETS=(config_file config_dir request json_body reference_env xds_resources)
 if [ $# -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 CARGO="${CARGO:-cargo}"
 

@@ -64,6 +64,38 @@ impl Unit {
         }
     }
 
+    /// `requests` per `window_ms` as Envoy's `current_limit` can state it (a count per one
+    /// unit, no multiplier): unchanged when the window is this one unit; else the same rate
+    /// exactly, in this unit if it can be, or in the smallest unit where it is a whole number
+    /// (5 per 5 minutes is 1 per minute, 3 per 5 minutes is 36 per hour); else the largest
+    /// whole rate not above it, in the smallest unit where that is at least 1, so a client
+    /// is never told more than the real rate.
+    pub fn stated_rate(self, requests: u32, window_ms: u64) -> (u32, Unit) {
+        let window = u128::from(window_ms.max(1));
+        if window == u128::from(self.millis()) {
+            return (requests, self);
+        }
+        let in_unit = |unit: Unit| u128::from(requests) * u128::from(unit.millis());
+        let exact = |unit: Unit| {
+            let scaled = in_unit(unit);
+            (scaled % window == 0)
+                .then(|| u32::try_from(scaled / window).ok())
+                .flatten()
+                .map(|count| (count, unit))
+        };
+        let units = std::iter::once(self).chain(Unit::ALL);
+        if let Some(stated) = units.clone().find_map(exact) {
+            return stated;
+        }
+        Unit::ALL
+            .into_iter()
+            .find_map(|unit| {
+                let count = in_unit(unit) / window;
+                (count >= 1).then(|| (u32::try_from(count).unwrap_or(u32::MAX), unit))
+            })
+            .unwrap_or((requests, self))
+    }
+
     /// Length of one unit in milliseconds.
     pub fn millis(self) -> u64 {
         const SECOND: u64 = 1000;
@@ -295,6 +327,31 @@ impl Rule {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn multiplied_windows_are_stated_as_honest_rates() {
+        let minute = Unit::Minute.millis();
+        let cases = [
+            (5, Unit::Minute, minute, (5, Unit::Minute)),
+            (5, Unit::Minute, 5 * minute, (1, Unit::Minute)),
+            (10, Unit::Minute, 2 * minute, (5, Unit::Minute)),
+            (3, Unit::Minute, 5 * minute, (36, Unit::Hour)),
+            (10, Unit::Second, 10_000, (1, Unit::Second)),
+            (120, Unit::Hour, 2 * Unit::Hour.millis(), (60, Unit::Hour)),
+            // A week holds 1,440 windows of 7 minutes.
+            (3, Unit::Minute, 7 * minute, (4_320, Unit::Week)),
+            // 3 per 11 minutes is whole in no unit; 16 per hour is the most not above it.
+            (3, Unit::Minute, 11 * minute, (16, Unit::Hour)),
+        ];
+        for (requests, unit, window, stated) in cases {
+            assert_eq!(
+                unit.stated_rate(requests, window),
+                stated,
+                "{requests} per {window} ms"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -400,10 +400,16 @@ fn proto_code(code: Code) -> ProtoCode {
 fn proto_status(status: &Status) -> DescriptorStatus {
     DescriptorStatus {
         code: proto_code(status.code) as i32,
-        current_limit: status.current_limit.as_ref().map(|limit| RateLimit {
-            name: limit.name.clone().unwrap_or_default(),
-            requests_per_unit: limit.requests_per_unit,
-            unit: proto_unit(limit.unit) as i32,
+        current_limit: status.current_limit.as_ref().map(|limit| {
+            // Per one unit: Envoy has no multiplier (headers keep the full window).
+            let window_ms = limit.window.as_millis() as u64;
+            let (requests_per_unit, unit) =
+                limit.unit.stated_rate(limit.requests_per_unit, window_ms);
+            RateLimit {
+                name: limit.name.clone().unwrap_or_default(),
+                requests_per_unit,
+                unit: proto_unit(unit) as i32,
+            }
         }),
         limit_remaining: status.limit_remaining,
         duration_until_reset: status.reset_seconds.map(|seconds| pbjson_types::Duration {

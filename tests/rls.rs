@@ -313,3 +313,33 @@ async fn admin_json_metrics_and_rlconfig() {
     assert_eq!(rules.lines().count(), 5, "{rules}");
     server.stop().await;
 }
+
+/// A multiplied window is reported per one unit, exactly when it can be: Envoy's
+/// `X-RateLimit-Limit` would otherwise tell clients five times the real rate.
+#[tokio::test]
+async fn multiplied_windows_report_the_rate_per_unit() {
+    let rules = "domain: mult\ndescriptors:\n  - key: five\n    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 5}\n  - key: three\n    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3}\n";
+    let server = TestServer::start(&[("mult.yaml", rules)]).await;
+    let mut client = server.client().await;
+    let response = should_rate_limit(
+        &mut client,
+        request(
+            "mult",
+            vec![descriptor(&[("five", "a")]), descriptor(&[("three", "b")])],
+        ),
+    )
+    .await;
+    let stated: Vec<(u32, i32)> = response
+        .statuses
+        .iter()
+        .map(|status| {
+            let limit = status.current_limit.as_ref().expect("a limit");
+            (limit.requests_per_unit, limit.unit)
+        })
+        .collect();
+    assert_eq!(
+        stated,
+        vec![(1, Unit::Minute as i32), (36, Unit::Hour as i32)]
+    );
+    server.stop().await;
+}

@@ -7,7 +7,7 @@ KEYS[1]  the bucket: a sorted set holding
                            instant (a second booking at the same ms replaces it with the sum)
            "total"         scored -(sum of every stored count), present while that is > 0
            "lock"          scored -locked_until, present while a lock was set
-           "ids:<list>"    scored -inf: the ids of the last refunds applied (see prelude)
+           "ids:<list>"    scored -inf: the ids of the last refunds applied (see lib.lua)
          so one key holds the whole state, and memory and work per booking do not grow
          with its cost.
 ARGV[1]  "charge" or "refund"
@@ -89,16 +89,18 @@ local function until_newest_leaves()
   return math.max(newest_ts() + W - now, 0)
 end
 
--- R for a denied k: until enough of the oldest live units have left the window.
+-- R for a denied k: until enough of the oldest live units have left the window. Pages
+-- of 64 by score (each after the last one read), so each page costs O(log N) and the
+-- walk reads at most one member per unit of the excess: O(log N + k), not O(k^2).
 local function wait(k)
   if k > L then
     return until_newest_leaves()
   end
   local excess = live + k - L
   local left = 0
-  local offset = 0
+  local after = '(0'
   while true do
-    local batch = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', offset, 64)
+    local batch = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 64)
     if #batch == 0 then
       -- Unreachable while the total is the sum of the bookings; stay well-defined.
       return until_newest_leaves()
@@ -109,7 +111,7 @@ local function wait(k)
         return math.max(tonumber(batch[i + 1]) + W - now, 0)
       end
     end
-    offset = offset + 64
+    after = '(' .. batch[#batch]
   end
 end
 

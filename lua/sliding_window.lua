@@ -4,7 +4,7 @@ Lua twin of src/algorithm/sliding_window.rs. Validation keeps L*W <= 2^53, so pr
 
 KEYS[1]  the bucket: a hash {w = window index, c = current count, p = previous count,
          lk = locked-until ms (0 = none),
-         r = ids of the last refunds applied (see prelude)}
+         r = ids of the last refunds applied (see lib.lua)}
 ARGV[1]  "charge" or "refund"
 ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)

@@ -7,7 +7,7 @@ leaks lambda = L/g units per ms, capacity C = B*U. Validation keeps C <= 2^53, s
 quantity below is an exact double.
 
 KEYS[1]  the bucket: a hash {u = level in units, t = ms of u, lk = locked-until ms (0 = none),
-         r = ids of the last refunds applied (see prelude)}
+         r = ids of the last refunds applied (see lib.lua)}
 ARGV[1]  "charge" or "refund"
 ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)

@@ -44,10 +44,19 @@ pub enum DecideError {
     Invalid(#[from] InvalidRequest),
     /// The backend failed and the failure mode is `error`.
     #[error("rate limit backend unavailable")]
-    Unavailable(#[from] LimitError),
+    Unavailable(LimitError),
     /// Started without rules (`--force-start-without-initial-config`) and none arrived yet.
     #[error("no rate limit configuration loaded yet")]
     NoRules,
+}
+
+impl From<LimitError> for DecideError {
+    fn from(error: LimitError) -> DecideError {
+        match error {
+            LimitError::TooCostly(invalid) => DecideError::Invalid(invalid),
+            backend @ LimitError::Backend(_) => DecideError::Unavailable(backend),
+        }
+    }
 }
 
 impl From<DecideError> for GrpcStatus {

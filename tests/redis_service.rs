@@ -229,3 +229,43 @@ async fn shutdown_waits_for_calls_blocked_on_redis() {
     stopping.await.unwrap();
     sleeper.join().unwrap();
 }
+
+/// A request whose sliding-log descriptors could make Redis walk more than one full log is
+/// refused at once (64 of cost 10,000 against a full 10,000-entry log took 640 ms of
+/// Redis per script, and the calls beside it timed out); one full log still passes, and an
+/// innocent caller beside the refused request is answered.
+#[tokio::test]
+async fn a_request_of_too_many_full_log_walks_is_refused_and_others_are_answered() {
+    let redis = RedisServer::start();
+    let rules = "domain: log\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10000, algorithm: sliding_log}\n";
+    let server = TestServer::start_with(&[("log.yaml", rules)], |settings| {
+        settings.backend = BackendSettings::Redis {
+            url: redis.url(),
+            options: redis_options(Duration::from_secs(1)),
+        };
+    })
+    .await;
+    let mut client = server.client().await;
+    let costly = |value: &str, cost: u64| {
+        let mut d = descriptor(&[("k", value)]);
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: cost });
+        d
+    };
+    let heavy: Vec<_> = (0..64).map(|i| costly(&format!("h{i}"), 10_000)).collect();
+    let status = client
+        .should_rate_limit(request("log", heavy))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("sliding-log"),
+        "{}",
+        status.message()
+    );
+    // One full log is within the budget, and the innocent call beside it is answered.
+    let full = should_rate_limit(&mut client, request("log", vec![costly("one", 10_000)])).await;
+    assert_eq!(full.overall_code(), Code::Ok);
+    let innocent = should_rate_limit(&mut client, request("log", vec![costly("other", 1)])).await;
+    assert_eq!(innocent.overall_code(), Code::Ok);
+    server.stop().await;
+}

@@ -87,7 +87,18 @@ pub enum LimitError {
     /// The backend failed and the failure mode is `error`.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The request would cost more backend work than one request may (see
+    /// [`MAX_SLIDING_LOG_WORK`]).
+    #[error(transparent)]
+    TooCostly(#[from] request::InvalidRequest),
 }
+
+/// Most sliding-log entries one request may make the backend walk: a denied sliding-log
+/// charge of cost `n` against limit `L` reads up to `min(n, L)` entries to find when room
+/// comes back, inside the one script (or lock) that decides the whole request. One full
+/// log (the largest `L`) is allowed; 64 of them in one request kept Redis busy for 640 ms,
+/// failing every other caller meanwhile.
+pub const MAX_SLIDING_LOG_WORK: u64 = 10_000;
 
 /// The rate-limit engine: the active rules, a backend, and the metrics it feeds.
 pub struct Limiter {
@@ -399,6 +410,7 @@ impl Limiter {
                 })
                 .collect()
         };
+        check_sliding_log_work(&slots)?;
         let mut prior = Tally::default();
         for slot in &mut slots {
             slot.decide_locally(self.cache.as_ref(), &self.metrics);
@@ -600,6 +612,29 @@ impl Limiter {
         }
         Ok(())
     }
+}
+
+/// Refuses a request whose sliding-log charges could make the backend walk more than
+/// [`MAX_SLIDING_LOG_WORK`] entries.
+fn check_sliding_log_work(slots: &[Slot]) -> Result<(), LimitError> {
+    let work: u64 = slots
+        .iter()
+        .filter_map(|slot| match &slot.plan {
+            Plan::Charge(limited) if limited.policy.algorithm == Algorithm::SlidingLog => Some(
+                limited
+                    .cost
+                    .min(u64::from(limited.policy.requests_per_unit)),
+            ),
+            _ => None,
+        })
+        .sum();
+    if work > MAX_SLIDING_LOG_WORK {
+        return Err(LimitError::TooCostly(request::InvalidRequest(format!(
+            "the sliding-log descriptors' costs add up to {work} (each counted up to its \
+             limit); one request may cost at most {MAX_SLIDING_LOG_WORK}"
+        ))));
+    }
+    Ok(())
 }
 
 /// A descriptor's rule, its bucket (limited rules only) and its rule counters.

@@ -277,3 +277,50 @@ async fn a_slow_reply_fails_only_its_own_call() {
     }
     assert_eq!(connections(), before + 1, "no reconnect after a slow reply");
 }
+
+/// One bucket's key overwritten with a string (Redis answers WRONGTYPE for it): the
+/// requests that touch it fail alone and keep nothing booked; the 294 others batched with
+/// them are answered. Before, the error aborted the whole batch script: every request in it
+/// failed, and groups already charged kept their bookings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_key_fails_only_the_requests_that_touch_it() {
+    let server = RedisServer::start();
+    let backend = Arc::new(
+        RedisBackend::connect(&server.url(), options(5000))
+            .await
+            .unwrap(),
+    );
+    let five = Policy::fixed_window(5, Unit::Hour);
+    let bad = item(five, "bad", 1, Weight::default());
+    let key = bad.charge.bucket.redis_key("fg");
+    assert_eq!(server.cli(&["SET", &key, "not a hash"]).trim(), "OK");
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let backend = Arc::clone(&backend);
+        let touches_bad = i % 50 == 0;
+        let mut items = vec![item(five, &format!("good{i}"), 1, Weight::default())];
+        if touches_bad {
+            items.push(item(five, "bad", 1, Weight::default()));
+        }
+        tasks.push(tokio::spawn(async move {
+            (touches_bad, i, backend.decide(&group(items)).await)
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    for (touches_bad, i, result) in results {
+        match (touches_bad, result) {
+            (false, Ok(outcomes)) => assert!(outcomes[0].allowed && outcomes[0].booked),
+            (true, Err(BackendError::Failed { .. })) => {
+                // Its other bucket kept nothing.
+                assert_eq!(
+                    remaining(backend.as_ref(), five, &format!("good{i}")).await,
+                    5
+                );
+            }
+            (touches_bad, other) => panic!("request {i} (bad key: {touches_bad}): {other:?}"),
+        }
+    }
+}

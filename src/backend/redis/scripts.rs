@@ -432,7 +432,12 @@ impl BatchCall {
 }
 
 /// Reads a batch reply: 6 integers per item (see lua/batch.lua), `items` items.
-pub(crate) fn batch_outcomes(value: Value, items: usize) -> Result<Vec<Outcome>, BackendError> {
+/// The outcome of every item of a batch reply; `None` for the items of a group whose charge
+/// failed in the script (its own request fails, the others stand).
+pub(crate) fn batch_outcomes(
+    value: Value,
+    items: usize,
+) -> Result<Vec<Option<Outcome>>, BackendError> {
     let values = match value {
         Value::Array(values) if values.len() == items * 6 => values,
         Value::ServerError(e) => return Err(server_error(&RedisError::from(e))),
@@ -448,6 +453,9 @@ pub(crate) fn batch_outcomes(value: Value, items: usize) -> Result<Vec<Outcome>,
             let reply: Vec<Value> = values.by_ref().take(6).collect();
             let [allowed, remaining, reset_ms, now_ms, booked, rolled_back] =
                 integers::<6>(Value::Array(reply))?;
+            if allowed == -1 {
+                return Ok(None);
+            }
             let mut outcome = outcome_of([allowed, remaining, reset_ms, now_ms, booked])?;
             outcome.rolled_back = match rolled_back {
                 0 | 1 => rolled_back == 1,
@@ -457,7 +465,7 @@ pub(crate) fn batch_outcomes(value: Value, items: usize) -> Result<Vec<Outcome>,
                     )));
                 }
             };
-            Ok(outcome)
+            Ok(Some(outcome))
         })
         .collect()
 }

@@ -159,8 +159,15 @@ async fn send(node: Arc<Node>, backlog: Arc<Backlog>, jobs: Vec<Job>, _slot: Own
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
             for job in live {
-                let mine = outcomes.by_ref().take(job.call.len()).collect();
-                let _ = job.reply.send(Ok(mine));
+                // A job whose charge failed in the script fails alone (nothing of it stands).
+                // Taken whole first: collecting into an Option would stop at the first None.
+                let mine: Vec<Option<Outcome>> = outcomes.by_ref().take(job.call.len()).collect();
+                let mine: Option<Vec<Outcome>> = mine.into_iter().collect();
+                let _ = job.reply.send(mine.ok_or_else(|| {
+                    BackendError::failed(
+                        "a charge of this request failed in Redis (a key of another type?)",
+                    )
+                }));
             }
         }
         Err(error) => {
@@ -178,7 +185,7 @@ impl Node {
         &self,
         calls: &[&BatchCall],
         deadline: Instant,
-    ) -> Result<Vec<Outcome>, BackendError> {
+    ) -> Result<Vec<Option<Outcome>>, BackendError> {
         let mut conn = self.borrow(deadline).await?;
         let mut reply = Value::Nil;
         for via in [Via::Sha, Via::Source] {

@@ -84,7 +84,7 @@ impl Unit {
                 .map(|count| (count, unit))
         };
         let units = std::iter::once(self).chain(Unit::ALL);
-        if let Some(stated) = units.clone().find_map(exact) {
+        if let Some(stated) = units.find_map(exact) {
             return stated;
         }
         Unit::ALL

@@ -83,8 +83,7 @@ impl Unit {
                 .flatten()
                 .map(|count| (count, unit))
         };
-        let units = std::iter::once(self).chain(Unit::ALL);
-        if let Some(stated) = units.find_map(exact) {
+        if let Some(stated) = std::iter::once(self).chain(Unit::ALL).find_map(exact) {
             return stated;
         }
         Unit::ALL

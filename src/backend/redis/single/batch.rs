@@ -11,7 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::Node;
-use crate::backend::redis::scripts::{self, BatchCall, Via};
+use crate::backend::redis::scripts::{self, BatchCall};
 use crate::backend::{BackendError, Outcome};
 
 /// Script calls in flight at once on the node's connections; more requests wait and share
@@ -94,8 +94,9 @@ async fn send(node: Arc<Node>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
 }
 
 impl Node {
-    /// Runs one batch call until `deadline`; a node that does not know the script (flushed,
-    /// restarted) gets it again as `EVAL`, which did not run the first time.
+    /// Runs one batch call until `deadline`; a node that does not know the script or the
+    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
+    /// library's load in the same round trip: the first call did not run.
     async fn run_batch(
         &self,
         calls: &[&BatchCall],
@@ -103,17 +104,25 @@ impl Node {
     ) -> Result<Vec<Outcome>, BackendError> {
         let mut conn = self.borrow(deadline).await?;
         let mut reply = Value::Nil;
-        for via in [Via::Sha, Via::Source] {
+        for retry in [false, true] {
+            let (load, via) = match retry {
+                false => (None, self.scripting.first()),
+                true => self.scripting.again(&self.scripts),
+            };
             let mut pipe = redis::pipe();
-            // The server's error comes back as the reply, so NOSCRIPT can be told apart.
+            // The server's error comes back as the reply, so a missing script can be told
+            // apart.
             pipe.ignore_errors();
+            if let Some(load) = load {
+                pipe.add_command(load);
+            }
             pipe.add_command(BatchCall::command(calls, &self.scripts, via));
             let mut values = conn
                 .query(&pipe, deadline)
                 .await
                 .map_err(|e| self.secrets.scrub(e))?;
             reply = values.pop().unwrap_or(Value::Nil);
-            if !scripts::is_noscript(&reply) {
+            if !scripts::is_missing(&reply) {
                 break;
             }
         }

@@ -241,19 +241,7 @@ impl RedisBackend {
             last_error: Arc::default(),
         };
         let last_connect_error = manager.last_error.clone();
-        // One connection up front, so that a wrong password, a certificate problem or a
-        // refused port is reported as such instead of as a timeout.
-        let first = match timeout_at(
-            Instant::now() + options.timeout,
-            bb8::ManageConnection::connect(&manager),
-        )
-        .await
-        {
-            Ok(Ok(link)) => link,
-            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
-            Err(_) => return Err(BackendError::Timeout),
-        };
-        let pool = bb8::Pool::builder()
+        let builder = bb8::Pool::builder()
             .max_size(options.pool_size)
             // Every socket stays open: calls spread over all of them (FIFO checkout).
             .min_idle(Some(options.pool_size))
@@ -262,10 +250,16 @@ impl RedisBackend {
             // failed connect is not retried in the background: the next call triggers one.
             .connection_timeout(options.timeout)
             .retry_connection(false)
-            .error_sink(Box::new(ConnectErrorLog(secrets.clone())))
-            .build_unchecked(manager);
-        // The pool may already have opened its own; then this one is simply closed.
-        let _ = pool.add(first);
+            .error_sink(Box::new(ConnectErrorLog(secrets.clone())));
+        // Every socket is open before the backend is returned (and so before SERVING): the
+        // first calls do not wait for a connect. A wrong password, a certificate problem or
+        // a refused port is reported as such instead of as a timeout.
+        let pool = match timeout_at(Instant::now() + options.timeout, builder.build(manager)).await
+        {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Err(_) => return Err(BackendError::Timeout),
+        };
         let mut node = Node {
             pool,
             last_connect_error,

@@ -1,12 +1,11 @@
 --[[
-floodgate: what every algorithm uses and nothing per bucket changes: the clock, integer
-helpers, refund bookkeeping. Loaded once per script call (src/backend/redis/scripts.rs), after
-the line that reads the server clock into CLOCK, so a batch of many buckets defines these once.
+floodgate: what every algorithm uses and nothing per bucket changes: integer helpers, refund
+bookkeeping. An EVALSHA script defines these once per call, after the lines that read the
+server clock into `now` (src/backend/redis/scripts.rs), so a batch of many buckets defines
+them once; the function library defines them once when it is loaded.
 ]]
 -- Counts booked without a fit (consume) stop at 2^53: past it doubles lose integers.
 local MAX = 9007199254740992
--- CLOCK is the server's TIME, read once per script call by the loader (scripts.rs).
-local now = tonumber(CLOCK[1]) * 1000 + math.floor(tonumber(CLOCK[2]) / 1000)
 
 -- Integers go to Redis as exact decimals: tostring would round to 14 digits.
 local function int(x)

@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use floodgate::backend::BackendSettings;
+use floodgate::backend::redis::Scripting;
 use std::time::Duration;
 
 const RULES: &str = r#"
@@ -219,9 +220,10 @@ fn assert_expected(observed: &[Observed]) {
 }
 
 /// Redis options whose keys start with `prefix`, so runs on one server stay apart.
-fn options(prefix: &str) -> floodgate::backend::RedisOptions {
+fn options(prefix: &str, scripting: Scripting) -> floodgate::backend::RedisOptions {
     floodgate::backend::RedisOptions {
         key_prefix: prefix.to_owned(),
+        scripting,
         ..redis_options(Duration::from_secs(2))
     }
 }
@@ -241,21 +243,28 @@ async fn every_backend_gives_the_same_answers_with_and_without_the_local_cache()
 
     let redis = RedisServer::start();
     let cluster = RedisCluster::start();
-    for cache in [1000, 0] {
-        let prefix = format!("cache{cache}");
+    // Both ways of running the code, each with and without the cache.
+    let runs = [
+        (1000, Scripting::Functions),
+        (0, Scripting::Functions),
+        (1000, Scripting::Evalsha),
+        (0, Scripting::Evalsha),
+    ];
+    for (cache, scripting) in runs {
+        let prefix = format!("cache{cache}{scripting:?}");
         let backends = [
             (
                 "redis",
                 BackendSettings::Redis {
                     url: redis.url(),
-                    options: options(&prefix),
+                    options: options(&prefix, scripting),
                 },
             ),
             (
                 "cluster",
                 BackendSettings::Cluster {
                     urls: cluster.urls(),
-                    options: options(&prefix),
+                    options: options(&prefix, scripting),
                 },
             ),
         ];
@@ -267,7 +276,7 @@ async fn every_backend_gives_the_same_answers_with_and_without_the_local_cache()
             assert_eq!(
                 comparable(&observed),
                 comparable(&memory_observed),
-                "{name} (local cache {cache}) vs memory"
+                "{name} (local cache {cache}, {scripting:?}) vs memory"
             );
         }
     }

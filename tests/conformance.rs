@@ -1,7 +1,8 @@
 //! The Lua scripts decide exactly as the Rust algorithms: one seeded random sequence of
 //! charges and refunds goes to Redis (single node and cluster), and every reply is compared
 //! with `algorithm::Bucket` and with the memory backend. All three run on one `ManualClock`:
-//! the Redis backends run `ScriptSet::pinned` scripts, which read the time from it.
+//! the Redis backends run `ScriptSet::pinned` scripts, which read the time from it. Both
+//! Redis backends run it twice: as scripts (`EVALSHA`) and as the function library (`FCALL`).
 //!
 //! Windows of 1-3 s, lockouts of 0.3-1.2 s and clock steps make windows roll, buckets leak
 //! and locks expire during the run. Redis would expire keys by its own clock, so the test
@@ -18,6 +19,7 @@ use std::time::Duration;
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::algorithm::Bucket;
 use floodgate::backend::memory::MemoryBackend;
+use floodgate::backend::redis::Scripting;
 use floodgate::backend::redis::scripts::ScriptSet;
 use floodgate::backend::{
     Backend, BucketKey, Charge, ClusterBackend, Outcome, RedisBackend, RedisOptions, Refund,
@@ -193,46 +195,77 @@ async fn conforms(
     );
 }
 
+/// The two ways of running the code, each with the seed of its run (so each runs on keys of
+/// its own) and the command it must have used.
+const PATHS: [(Scripting, u64, &str); 2] = [
+    (Scripting::Evalsha, 0x0000, "evalsha"),
+    (Scripting::Functions, 0x1000, "fcall"),
+];
+
+fn options(scripting: Scripting) -> RedisOptions {
+    RedisOptions {
+        scripting,
+        ..RedisOptions::default()
+    }
+}
+
 #[tokio::test]
 async fn redis_decides_exactly_as_the_algorithms() {
     let server = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(START));
-    let scripts = ScriptSet::pinned(clock.clone());
-    let backend =
-        RedisBackend::connect_with_scripts(&server.url(), RedisOptions::default(), scripts)
-            .await
+    for (scripting, seed, command) in PATHS {
+        let before = server.calls_of(command);
+        let clock = Arc::new(ManualClock::new(START));
+        let scripts = ScriptSet::pinned(clock.clone());
+        let backend =
+            RedisBackend::connect_with_scripts(&server.url(), options(scripting), scripts)
+                .await
+                .unwrap();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
             .unwrap();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let expire: Expire = Box::new(|buckets: &[BucketKey], now| {
-        buckets
-            .iter()
-            .filter(|bucket| expire_due(&mut conn, &bucket.redis_key("fg"), now))
-            .count()
-    });
-    conforms(&backend, clock, expire, 0x5EED_0001).await;
+        let expire: Expire = Box::new(|buckets: &[BucketKey], now| {
+            buckets
+                .iter()
+                .filter(|bucket| expire_due(&mut conn, &bucket.redis_key("fg"), now))
+                .count()
+        });
+        conforms(&backend, clock, expire, 0x5EED_0001 + seed).await;
+        let calls = server.calls_of(command) - before;
+        assert!(
+            calls as usize >= STEPS / 2,
+            "{scripting:?}: {calls} {command}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_decides_exactly_as_the_algorithms() {
     let cluster = RedisCluster::start_async().await;
-    let clock = Arc::new(ManualClock::new(START));
-    let scripts = ScriptSet::pinned(clock.clone());
-    let backend =
-        ClusterBackend::connect_with_scripts(&cluster.urls(), RedisOptions::default(), scripts)
-            .await
-            .unwrap();
-    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let expire: Expire = Box::new(|buckets: &[BucketKey], now| {
-        tokio::task::block_in_place(|| {
-            buckets
-                .iter()
-                .filter(|bucket| expire_due(&mut conn, &bucket.redis_key("fg"), now))
-                .count()
-        })
-    });
-    conforms(&backend, clock, expire, 0x5EED_0002).await;
+    let calls_of = |command| -> u64 { cluster.masters().iter().map(|m| m.calls_of(command)).sum() };
+    for (scripting, seed, command) in PATHS {
+        let before = calls_of(command);
+        let clock = Arc::new(ManualClock::new(START));
+        let scripts = ScriptSet::pinned(clock.clone());
+        let backend =
+            ClusterBackend::connect_with_scripts(&cluster.urls(), options(scripting), scripts)
+                .await
+                .unwrap();
+        let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let expire: Expire = Box::new(|buckets: &[BucketKey], now| {
+            tokio::task::block_in_place(|| {
+                buckets
+                    .iter()
+                    .filter(|bucket| expire_due(&mut conn, &bucket.redis_key("fg"), now))
+                    .count()
+            })
+        });
+        conforms(&backend, clock, expire, 0x5EED_0002 + seed).await;
+        let calls = calls_of(command) - before;
+        assert!(
+            calls as usize >= STEPS / 2,
+            "{scripting:?}: {calls} {command}"
+        );
+    }
 }

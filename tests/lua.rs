@@ -1,6 +1,7 @@
 //! The Lua scripts against a real `redis-server`: every vector of tests/vectors/algorithms.json
 //! on a pinned clock, their contract (one key, TTL on every write, integer replies, argument
-//! checks), and the reload after `SCRIPT FLUSH`.
+//! checks), and the reload after `SCRIPT FLUSH` and `FUNCTION FLUSH`. The vectors and the
+//! contract run both as scripts (`EVALSHA`) and as the function library (`FCALL`).
 //!
 //! Scripts of `ScriptSet::pinned` read the time from a `ManualClock` instead of `TIME`, so the
 //! vectors run at exactly the instants the Rust algorithms see. Tests that need no particular
@@ -13,8 +14,9 @@ use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use common::vectors::{self, Action, Observed};
+use floodgate::backend::redis::Scripting;
 use floodgate::backend::redis::scripts::{Argv, ScriptSet, source};
-use floodgate::backend::{Backend, BucketKey, Charge, RedisOptions, Refund};
+use floodgate::backend::{Backend, BucketKey, Charge, RedisBackend, RedisOptions, Refund};
 use floodgate::clock::ManualClock;
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 use redis::{Commands, Connection};
@@ -40,20 +42,36 @@ fn connect(server: &RedisServer) -> Connection {
         .unwrap()
 }
 
-/// Runs the script of `argv`'s algorithm by EVALSHA (loading it first when needed), with
-/// the pinned time after the ARGV when `scripts` is pinned.
-fn eval(conn: &mut Connection, scripts: &ScriptSet, key: &str, argv: Argv) -> Vec<i64> {
-    scripts
-        .get(argv.policy.algorithm)
-        .key(key)
-        .arg(argv)
-        .arg(scripts.pinned_now())
-        .invoke(conn)
+/// The two ways the backends run the code.
+const PATHS: [Scripting; 2] = [Scripting::Evalsha, Scripting::Functions];
+
+/// A script set, loaded on one server and called the way `scripting` calls it.
+struct Lua {
+    scripts: ScriptSet,
+    scripting: Scripting,
+}
+
+impl Lua {
+    /// Loads the scripts, or the library, of `scripts` on `conn`.
+    fn load(conn: &mut Connection, scripts: ScriptSet, scripting: Scripting) -> Lua {
+        for cmd in scripts.load_commands(scripting) {
+            let _: redis::Value = cmd.query(conn).unwrap();
+        }
+        Lua { scripts, scripting }
+    }
+}
+
+/// Runs the code of `argv`'s algorithm (`EVALSHA` or `FCALL`), with the pinned time after
+/// the ARGV when the set is pinned.
+fn eval(conn: &mut Connection, lua: &Lua, key: &str, argv: Argv) -> Vec<i64> {
+    lua.scripts
+        .command(lua.scripting, key, argv)
+        .query(conn)
         .unwrap()
 }
 
 /// `charge n` under `policy`.
-fn charge(conn: &mut Connection, scripts: &ScriptSet, key: &str, n: u64, policy: Policy) -> Reply {
+fn charge(conn: &mut Connection, scripts: &Lua, key: &str, n: u64, policy: Policy) -> Reply {
     let v = eval(conn, scripts, key, Argv::charge(n, policy));
     assert_eq!(v.len(), 5, "{v:?}");
     assert!(v[0] == 0 || v[0] == 1);
@@ -70,7 +88,7 @@ fn charge(conn: &mut Connection, scripts: &ScriptSet, key: &str, n: u64, policy:
 /// A refund with a fresh id; whether it changed the bucket.
 fn refund(
     conn: &mut Connection,
-    scripts: &ScriptSet,
+    scripts: &Lua,
     key: &str,
     n: u64,
     policy: Policy,
@@ -113,24 +131,39 @@ fn locked_until(conn: &mut Connection, algorithm: Algorithm, key: &str) -> i64 {
     }
 }
 
-/// Every vector of the table on the Lua scripts, each on its own key of one server: the same
-/// steps and expectations that tests/algorithms.rs runs on the Rust algorithms.
+/// Every vector of the table on the Lua scripts and on the function library, each on its
+/// own key of one server: the same steps and expectations that tests/algorithms.rs runs on
+/// the Rust algorithms.
 #[test]
 fn every_vector_holds_on_the_lua_scripts() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    let clock = Arc::new(ManualClock::new(START));
-    let scripts = ScriptSet::pinned(clock.clone());
+    for scripting in PATHS {
+        let clock = Arc::new(ManualClock::new(START));
+        let scripts = Lua::load(&mut conn, ScriptSet::pinned(clock.clone()), scripting);
+        every_vector_holds(&server, &mut conn, &clock, &scripts);
+    }
+    let calls = |command| server.calls_of(command);
+    assert!(calls("evalsha") > 0 && calls("fcall") > 0);
+}
+
+fn every_vector_holds(
+    server: &RedisServer,
+    conn: &mut Connection,
+    clock: &ManualClock,
+    scripts: &Lua,
+) {
+    let path = format!("{:?}", scripts.scripting);
     for (n, case) in vectors::cases().into_iter().enumerate() {
-        let key = format!("fg:{{vector-{n}}}");
+        let key = format!("fg:{{vector-{path}-{n}}}");
         let policy = case.policy;
         for (i, step) in case.steps.iter().enumerate() {
             let context = format!("{}, step {}", case.name, i + 1);
             clock.set(step.at_ms);
-            let before = writes(&server);
+            let before = writes(server);
             let (mut seen, refund_changed) = match step.action {
                 Action::Charge(cost) => {
-                    let r = charge(&mut conn, &scripts, &key, cost, policy);
+                    let r = charge(conn, scripts, &key, cost, policy);
                     assert_eq!(r.now_ms, step.at_ms, "{context}: the pinned time");
                     let seen = Observed {
                         allowed: Some(r.allowed),
@@ -142,19 +175,16 @@ fn every_vector_holds_on_the_lua_scripts() {
                     (seen, None)
                 }
                 Action::Refund { cost, booked_at_ms } => {
-                    let changed = refund(&mut conn, &scripts, &key, cost, policy, booked_at_ms);
+                    let changed = refund(conn, scripts, &key, cost, policy, booked_at_ms);
                     (Observed::default(), Some(changed))
                 }
             };
-            seen.changed = writes(&server) != before;
+            seen.changed = writes(server) != before;
             if let Some(changed) = refund_changed {
                 assert_eq!(changed, seen.changed, "{context}: reply vs writes");
             }
-            seen.locked_until_ms = locked_until(&mut conn, policy.algorithm, &key);
-            seen.expires_at_ms = redis::cmd("PEXPIRETIME")
-                .arg(&key)
-                .query(&mut conn)
-                .unwrap();
+            seen.locked_until_ms = locked_until(conn, policy.algorithm, &key);
+            seen.expires_at_ms = redis::cmd("PEXPIRETIME").arg(&key).query(conn).unwrap();
             step.expect.check(&seen, &context);
         }
     }
@@ -164,9 +194,15 @@ fn every_vector_holds_on_the_lua_scripts() {
 fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    let scripts = ScriptSet::new();
+    for scripting in PATHS {
+        let scripts = Lua::load(&mut conn, ScriptSet::new(), scripting);
+        every_write_sets_a_ttl(&mut conn, &scripts);
+    }
+}
+
+fn every_write_sets_a_ttl(conn: &mut Connection, scripts: &Lua) {
     for algorithm in Algorithm::ALL {
-        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(conn).unwrap();
         let key = format!("fg:{{ttl-{algorithm}}}");
         let p = policy(algorithm, 3, Unit::Second);
         let mut booked_at = Vec::new();
@@ -190,15 +226,15 @@ fn every_write_sets_a_ttl_and_only_the_bucket_key_exists() {
                 lockout: Some(Duration::from_millis(lockout)).filter(|_| lockout > 0),
                 ..p
             };
-            let r = charge(&mut conn, &scripts, &key, n, step);
+            let r = charge(conn, scripts, &key, n, step);
             if r.booked {
                 booked_at.push((n, r.now_ms));
             }
-            check_key(&mut conn, &key, 4_000 + 2 * 1_000);
+            check_key(conn, &key, 4_000 + 2 * 1_000);
         }
         for (n, at) in booked_at {
-            refund(&mut conn, &scripts, &key, n, p, at);
-            check_key(&mut conn, &key, 4_000 + 2 * 1_000);
+            refund(conn, scripts, &key, n, p, at);
+            check_key(conn, &key, 4_000 + 2 * 1_000);
         }
     }
 
@@ -219,7 +255,11 @@ fn sliding_log_drops_members_that_left_the_window() {
     let server = RedisServer::start();
     let mut conn = connect(&server);
     let clock = Arc::new(ManualClock::new(START));
-    let scripts = ScriptSet::pinned(clock.clone());
+    let scripts = Lua::load(
+        &mut conn,
+        ScriptSet::pinned(clock.clone()),
+        Scripting::Evalsha,
+    );
     let p = policy(Algorithm::SlidingLog, 5, Unit::Minute);
     let key = "fg:{log}";
     assert!(charge(&mut conn, &scripts, key, 2, p).allowed);
@@ -366,59 +406,105 @@ async fn hostile_values_get_distinct_keys_spread_over_the_cluster() {
     assert!(slots.len() > values.len() * 9 / 10, "{} slots", slots.len());
 }
 
-#[tokio::test]
-async fn script_flush_is_reloaded_transparently_without_double_booking() {
+/// `SCRIPT FLUSH` (scripts) or `FUNCTION FLUSH` (library) while requests run: a call that
+/// finds its code gone did not run, and runs again in the same call after the reload, so no
+/// decision fails and none books twice. Refunds (one call per bucket) reload as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_mid_run_is_reloaded_without_a_failed_decision_or_double_booking() {
+    const ROUNDS: u64 = 20;
+    const CALLERS: u64 = 8;
     let server = RedisServer::start();
-    let backend = floodgate::backend::RedisBackend::connect(&server.url(), RedisOptions::default())
-        .await
-        .unwrap();
-    let policy = |algorithm| Policy {
-        algorithm,
-        ..Policy::fixed_window(5, Unit::Hour)
-    };
-    let charges: Vec<Charge> = Algorithm::ALL
-        .iter()
-        .map(|&a| Charge {
-            bucket: BucketKey::new("api", "flush", [("k", "v")], &policy(a)),
-            policy: policy(a),
-            cost: 1,
-        })
-        .collect();
     let mut conn = connect(&server);
-    let exists = |conn: &mut Connection| -> Vec<bool> {
-        redis::cmd("SCRIPT")
-            .arg("EXISTS")
-            .arg(
-                Algorithm::ALL
-                    .map(|a| ScriptSet::new().get(a).get_hash().to_owned())
-                    .to_vec(),
-            )
-            .query(conn)
-            .unwrap()
-    };
-    assert_eq!(
-        exists(&mut conn),
-        vec![true; 4],
-        "connect preloads the scripts"
-    );
-    let first = backend.charge(&charges).await.unwrap();
-    assert!(first.iter().all(|o| o.remaining == 4));
-    server.cli(&["SCRIPT", "FLUSH"]);
-    // The batch script is unknown now: NOSCRIPT means it did not run, and EVAL runs it once.
-    let second = backend.charge(&charges).await.unwrap();
-    for (o, a) in second.iter().zip(Algorithm::ALL) {
-        assert_eq!(o.remaining, 3, "{a} booked once");
+    for (scripting, flush) in [
+        (Scripting::Evalsha, "SCRIPT"),
+        (Scripting::Functions, "FUNCTION"),
+    ] {
+        let options = RedisOptions {
+            scripting,
+            key_prefix: flush.to_lowercase(),
+            ..RedisOptions::default()
+        };
+        let backend = Arc::new(RedisBackend::connect(&server.url(), options).await.unwrap());
+        let loaded = || code_loaded(&server, scripting);
+        assert!(loaded(), "connect loads the code ({scripting:?})");
+        let policy = |algorithm| Policy {
+            algorithm,
+            ..Policy::fixed_window(1_000, Unit::Hour)
+        };
+        let charges = |caller: u64| -> Vec<Charge> {
+            let value = caller.to_string();
+            Algorithm::ALL
+                .iter()
+                .map(|&a| Charge {
+                    bucket: BucketKey::new("api", "flush", [("k", value.as_str())], &policy(a)),
+                    policy: policy(a),
+                    cost: 1,
+                })
+                .collect()
+        };
+        for round in 0..ROUNDS {
+            if round == ROUNDS / 2 {
+                server.cli(&[flush, "FLUSH"]);
+                assert!(!loaded(), "{flush} FLUSH dropped the code");
+            }
+            let calls = (0..CALLERS).map(|caller| {
+                let backend = Arc::clone(&backend);
+                let charges = charges(caller);
+                tokio::spawn(async move { backend.charge(&charges).await })
+            });
+            for call in futures::future::join_all(calls).await {
+                let outcomes = call.unwrap().expect("no decision fails after a flush");
+                assert!(outcomes.iter().all(|o| o.allowed && o.booked));
+            }
+        }
+        assert!(loaded(), "the first call after the flush reloaded the code");
+        server.cli(&[flush, "FLUSH"]);
+        let booked = backend.charge(&charges(0)).await.unwrap();
+        let refunds: Vec<Refund> = charges(0)
+            .iter()
+            .zip(&booked)
+            .map(|(c, o)| Refund::new(c.bucket, c.policy, 1, o.now_ms))
+            .collect();
+        server.cli(&[flush, "FLUSH"]);
+        backend
+            .refund(&refunds)
+            .await
+            .expect("a refund reloads too");
+        for caller in 0..CALLERS {
+            let peeks: Vec<Charge> = charges(caller)
+                .into_iter()
+                .map(|c| Charge { cost: 0, ..c })
+                .collect();
+            for (o, a) in backend
+                .charge(&peeks)
+                .await
+                .unwrap()
+                .iter()
+                .zip(Algorithm::ALL)
+            {
+                assert_eq!(
+                    o.remaining,
+                    1_000 - ROUNDS,
+                    "{a} of caller {caller}: once each"
+                );
+            }
+        }
+        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
     }
-    let batch_known: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(ScriptSet::new().batch().get_hash())
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(
-        batch_known,
-        vec![true],
-        "EVAL cached the batch script again"
-    );
+}
+
+/// Whether the server holds the code that `scripting` calls: the batch script, or a
+/// floodgate function library.
+fn code_loaded(server: &RedisServer, scripting: Scripting) -> bool {
+    match scripting {
+        Scripting::Functions => {
+            let name = ScriptSet::new().library_name().to_owned();
+            server
+                .cli(&["FUNCTION", "LIST", "LIBRARYNAME", &name])
+                .contains(&name)
+        }
+        _ => server.cli(&["SCRIPT", "EXISTS", ScriptSet::new().batch().get_hash()]) == "1",
+    }
 }
 
 /// The table's thousands-of-units vector checks the answers; here the stored members.
@@ -427,7 +513,7 @@ fn sliding_log_keeps_one_member_per_booking_whatever_its_cost() {
     // Lua's unpack caps the arguments of one call; the script slices ZADD and ZREM.
     let server = RedisServer::start();
     let mut conn = connect(&server);
-    let scripts = ScriptSet::new();
+    let scripts = Lua::load(&mut conn, ScriptSet::new(), Scripting::Functions);
     let p = policy(Algorithm::SlidingLog, 10_000, Unit::Minute);
     let key = "fg:{big-log}";
     assert!(charge(&mut conn, &scripts, key, 9_999, p).allowed);
@@ -445,7 +531,8 @@ fn sliding_log_memory_does_not_grow_with_the_cost() {
     let mut conn = connect(&server);
     let key = "fg:{log-memory}";
     let p = policy(Algorithm::SlidingLog, 10_000, Unit::Hour);
-    let booked = charge(&mut conn, &ScriptSet::new(), key, 10_000, p);
+    let scripts = Lua::load(&mut conn, ScriptSet::new(), Scripting::Functions);
+    let booked = charge(&mut conn, &scripts, key, 10_000, p);
     assert!(booked.allowed && booked.booked);
     let bytes: u64 = redis::cmd("MEMORY")
         .arg("USAGE")

@@ -432,3 +432,32 @@ async fn rediss_urls_use_tls_and_verify_certificates() {
     // It went over TLS: the plain port saw the same bucket.
     assert_eq!(server.cli(&["KEYS", "*"]), c.bucket.redis_key("fg"));
 }
+
+/// A backend that `connect` returned has every pooled socket open and its code loaded: the
+/// first calls after SERVING wait for no connect and no reload (issue 17, no cold start).
+#[tokio::test(flavor = "current_thread")]
+async fn connect_returns_with_every_connection_open_and_the_code_loaded() {
+    let server = RedisServer::start();
+    let clients = || -> u64 {
+        let clients = server.info_field("clients", "connected_clients").unwrap();
+        clients.parse().unwrap()
+    };
+    let pool_size = 8;
+    let backend = RedisBackend::connect(
+        &server.url(),
+        RedisOptions {
+            pool_size,
+            ..options()
+        },
+    )
+    .await
+    .unwrap();
+    // A current-thread runtime: nothing the pool spawned ran after connect returned.
+    assert_eq!(
+        clients(),
+        u64::from(pool_size) + 1,
+        "every socket (and INFO's) is open"
+    );
+    assert_eq!(server.calls_of("function|load"), 1, "the library is loaded");
+    drop(backend);
+}

@@ -4,6 +4,7 @@
 
 use clap::ValueEnum;
 
+use crate::backend::redis;
 use crate::{headers, limiter, telemetry};
 
 /// `--failure-mode`: what to answer when the backend fails.
@@ -48,6 +49,27 @@ impl From<ResponseHeaders> for headers::HeaderMode {
     }
 }
 
+/// `--redis-scripting`: how the Redis backends run their Lua code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisScripting {
+    /// The function library where the server has functions (Redis >= 7), else scripts.
+    Auto,
+    /// Scripts by `EVALSHA` (any Redis version).
+    Evalsha,
+    /// The function library by `FCALL`; startup fails before Redis 7.
+    Functions,
+}
+
+impl From<RedisScripting> for redis::Scripting {
+    fn from(mode: RedisScripting) -> redis::Scripting {
+        match mode {
+            RedisScripting::Auto => redis::Scripting::Auto,
+            RedisScripting::Evalsha => redis::Scripting::Evalsha,
+            RedisScripting::Functions => redis::Scripting::Functions,
+        }
+    }
+}
+
 /// `--log-format`: the log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -82,6 +104,11 @@ mod tests {
         for mode in ResponseHeaders::value_variants() {
             let name = mode.to_possible_value().unwrap().get_name().to_owned();
             let domain = format!("{:?}", headers::HeaderMode::from(*mode));
+            assert_eq!(domain.to_lowercase(), name);
+        }
+        for mode in RedisScripting::value_variants() {
+            let name = mode.to_possible_value().unwrap().get_name().to_owned();
+            let domain = format!("{:?}", redis::Scripting::from(*mode));
             assert_eq!(domain.to_lowercase(), name);
         }
         for format in LogFormat::value_variants() {

@@ -32,7 +32,7 @@ mod tracing_args;
 mod xds_args;
 
 pub use crate::redact::SecretText;
-pub use choices::{FailureMode, LogFormat, ResponseHeaders};
+pub use choices::{FailureMode, LogFormat, RedisScripting, ResponseHeaders};
 pub use duration::GoDuration;
 pub use statsd_args::StatsdArgs;
 pub use tracing_args::TracingArgs;
@@ -196,6 +196,10 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub redis_pool_size: u32,
+    /// How the Redis backends run their Lua code: `auto` (functions on Redis >= 7, else
+    /// scripts), `evalsha` or `functions`.
+    #[arg(long, env = "FLOODGATE_REDIS_SCRIPTING", value_enum, default_value_t = RedisScripting::Auto)]
+    pub redis_scripting: RedisScripting,
     /// PEM file of the CA that signs the Redis servers' certificates (for `rediss://` with a
     /// private CA; the public web roots are trusted without it).
     #[arg(long, env = "FLOODGATE_REDIS_CA_FILE", value_name = "FILE")]
@@ -392,6 +396,7 @@ impl ServeArgs {
             key_prefix: self.key_prefix.clone(),
             tls_ca_pem,
             tls_client: self.redis_client_identity()?,
+            scripting: self.redis_scripting.into(),
         };
         let backend = match self.backend {
             BackendKind::Memory => BackendSettings::Memory {

@@ -241,6 +241,17 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// How often the server ran `command` (lower case, e.g. `fcall`), from `INFO
+    /// commandstats`: which way a backend called its code.
+    pub fn calls_of(&self, command: &str) -> u64 {
+        self.info_field("commandstats", &format!("cmdstat_{command}"))
+            .and_then(|stats| {
+                let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+                calls.parse().ok()
+            })
+            .unwrap_or(0)
+    }
+
     /// A field of `INFO <section>`, e.g. `role`.
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
         let info = raw_command(self.port, &format!("INFO {section}"))?;

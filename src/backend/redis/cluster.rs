@@ -23,10 +23,12 @@ use futures::future::join_all;
 use redis::Value;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use tokio::time::{Instant, timeout_at};
 
-use super::scripts::{self, Call, ScriptSet, Via};
+use super::scripts::{self, Call, ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund, undoable};
 use crate::redact::{Redacted, Secrets};
@@ -46,6 +48,8 @@ pub struct ClusterBackend(Arc<Cluster>);
 struct Cluster {
     conn: ClusterConnection,
     scripts: ScriptSet,
+    /// `Functions` or `Evalsha`: what `options.scripting` came to at connect.
+    scripting: Scripting,
     options: RedisOptions,
     secrets: Secrets,
 }
@@ -111,30 +115,56 @@ impl ClusterBackend {
             Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
         };
-        let backend = Cluster {
+        let mut backend = Cluster {
             conn,
             scripts,
+            scripting: options.scripting,
             options,
             secrets,
         };
-        // Best effort, as for a single node; besides, SCRIPT LOAD goes to every node and one
-        // node down (a failed replica) must not stop startup.
-        for cmd in ScriptSet::load_commands() {
-            let deadline = Instant::now() + backend.options.timeout;
-            let mut conn = backend.conn.clone();
-            let loaded = backend
-                .bounded(deadline, cmd.query_async::<Value>(&mut conn))
-                .await;
-            if let Err(error) = loaded {
-                tracing::warn!(%error, "could not preload a Lua script; it loads on first use");
-                break;
-            }
-        }
+        backend.scripting = backend.preload().await?;
         Ok(ClusterBackend(Arc::new(backend)))
     }
 }
 
 impl Cluster {
+    /// Loads the function library or the scripts on every node and settles
+    /// `Scripting::Auto`, as `single::Node::preload` does. Loading scripts is best effort;
+    /// besides, each load goes to every node and one node down (a failed replica) must not
+    /// stop startup.
+    async fn preload(&self) -> Result<Scripting, BackendError> {
+        let wanted = self.options.scripting;
+        if wanted != Scripting::Evalsha {
+            match self.load(Scripting::Functions).await {
+                Ok(()) => return Ok(Scripting::Functions),
+                Err(error) if wanted == Scripting::Functions => {
+                    return Err(BackendError::failed(format!(
+                        "cannot load the function library (Redis >= 7 needed for \
+                         --redis-scripting functions): {error}"
+                    )));
+                }
+                Err(error) => {
+                    tracing::info!(%error, "no Redis functions here; running scripts by EVALSHA");
+                }
+            }
+        }
+        if let Err(error) = self.load(Scripting::Evalsha).await {
+            tracing::warn!(%error, "could not preload a Lua script; it loads on first use");
+        }
+        Ok(Scripting::Evalsha)
+    }
+
+    /// Sends what makes the calls of `scripting` known, to every node.
+    async fn load(&self, scripting: Scripting) -> Result<(), BackendError> {
+        for cmd in self.scripts.load_commands(scripting) {
+            let deadline = Instant::now() + self.options.timeout;
+            let mut conn = self.conn.clone();
+            self.bounded(deadline, cmd.query_async::<Value>(&mut conn))
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn bounded<T>(
         &self,
         deadline: Instant,
@@ -147,15 +177,24 @@ impl Cluster {
         }
     }
 
-    /// Runs one script call; after `NOSCRIPT` (a node that never saw the script, such as a
-    /// freshly promoted replica) it goes again as `EVAL`.
+    /// Runs one script call; after `NOSCRIPT` or `Function not found` (a node that never saw
+    /// the script, such as a freshly promoted replica) it goes again as `EVAL`, or after the
+    /// library's load on the node that owns the key.
     async fn run(&self, call: &Call, deadline: Instant) -> Result<Value, BackendError> {
         let mut conn = self.conn.clone();
-        let first = call.command(&self.scripts, Via::Sha);
+        let first = call.command(&self.scripts, self.scripting.first());
         match timeout_at(deadline, first.query_async::<Value>(&mut conn)).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if scripts::is_noscript_error(&e) => {
-                let again = call.command(&self.scripts, Via::Source);
+            Ok(Err(e)) if scripts::is_missing_error(&e) => {
+                let (load, via) = self.scripting.again(&self.scripts);
+                if let Some(load) = load {
+                    let owner = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(call.key(), SlotAddr::Master),
+                    ));
+                    self.bounded(deadline, conn.route_command(load, owner))
+                        .await?;
+                }
+                let again = call.command(&self.scripts, via);
                 self.bounded(deadline, again.query_async::<Value>(&mut conn))
                     .await
             }

@@ -15,6 +15,7 @@ pub mod scripts;
 pub mod single;
 
 pub use cluster::ClusterBackend;
+pub use scripts::Scripting;
 pub use single::RedisBackend;
 
 /// Default number of connections (sockets) to one Redis node. Calls share sockets, and fewer
@@ -39,6 +40,9 @@ pub struct RedisOptions {
     /// Client certificate and key for `rediss://` servers that require one
     /// (`tls-auth-clients yes`). Ignored for plain `redis://`.
     pub tls_client: Option<ClientIdentity>,
+    /// Function library (`FCALL`) or scripts (`EVALSHA`); `Auto` takes the library where
+    /// the server has functions (Redis >= 7).
+    pub scripting: Scripting,
 }
 
 /// A PEM client certificate and its private key. `Debug` shows neither.
@@ -64,6 +68,7 @@ impl fmt::Debug for RedisOptions {
             .field("key_prefix", &self.key_prefix)
             .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|pem| pem.len()))
             .field("tls_client", &self.tls_client)
+            .field("scripting", &self.scripting)
             .finish()
     }
 }
@@ -76,6 +81,7 @@ impl Default for RedisOptions {
             key_prefix: crate::backend::keys::DEFAULT_KEY_PREFIX.to_owned(),
             tls_ca_pem: None,
             tls_client: None,
+            scripting: Scripting::Auto,
         }
     }
 }

@@ -1,11 +1,17 @@
 //! The Lua scripts of `lua/`, hashed once, and how a charge or refund becomes one command.
 //!
 //! Every script takes one key (the bucket) and the same ARGV (see the header of each file),
-//! and answers integers only. Commands go out as `EVALSHA`; a node that answers `NOSCRIPT`
-//! (restarted, flushed, or a replica promoted since the scripts were loaded) gets the same
-//! call again as `EVAL` with the source, which runs it and caches it in one step on exactly
-//! the node that owns the key. A retry never repeats a call that ran: `NOSCRIPT` means the
-//! script did not start.
+//! and answers integers only. The same sources are assembled two ways (`Scripting`):
+//!
+//! - a function library (Redis >= 7): `FUNCTION LOAD` defines the helpers and the algorithms
+//!   once, and each call is an `FCALL` that only reads the clock and runs. A node that answers
+//!   `ERR Function not found` (restarted, `FUNCTION FLUSH`ed, or a replica promoted that
+//!   never had it) gets `FUNCTION LOAD REPLACE` and the same call again, in one round trip;
+//! - scripts (any version): `EVALSHA`, and after `NOSCRIPT` the same call again as `EVAL`
+//!   with the source, which runs it and caches it in one step on exactly the node that owns
+//!   the key.
+//!
+//! A retry never repeats a call that ran: both errors mean the script did not start.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -31,6 +37,13 @@ macro_rules! clock {
 const PINNED_CLOCK: &str = "local CLOCK = {math.floor(tonumber(ARGV[#ARGV]) / 1000), \
     tonumber(ARGV[#ARGV]) % 1000 * 1000}\n";
 
+/// The clock reading in ms, as every algorithm reads it: `now`, from `CLOCK`.
+macro_rules! now {
+    () => {
+        "now = tonumber(CLOCK[1]) * 1000 + math.floor(tonumber(CLOCK[2]) / 1000)\n"
+    };
+}
+
 /// An algorithm's code: its name, the shared head (arguments), the algorithm, and the shared
 /// tail (the order of `Bucket::decide`: peek, lock, algorithm, lockout), so what all four
 /// share is written once. It expects `once_per_call!` before it.
@@ -47,12 +60,17 @@ macro_rules! algorithm {
     };
 }
 
-/// What every script runs once per call, before any bucket: the clock, then the helpers of
-/// lua/lib.lua (the clock as `now`, integer and refund-id helpers), defined once however
-/// many buckets follow.
+/// What every script runs once per call, before any bucket: the clock as `now`, then the
+/// helpers of lua/lib.lua (integer and refund-id helpers), defined once however many
+/// buckets follow.
 macro_rules! once_per_call {
     () => {
-        concat!(clock!(), include_str!("../../../lua/lib.lua"))
+        concat!(
+            clock!(),
+            "local ",
+            now!(),
+            include_str!("../../../lua/lib.lua")
+        )
     };
 }
 
@@ -76,17 +94,40 @@ macro_rules! batch_entry {
     };
 }
 
-/// The batch script (lua/batch.lua) with the four algorithms as functions, in the order of
-/// `Algorithm::ALL`, sharing one clock reading.
+/// The table ALGORITHMS of the four algorithms as functions, in the order of
+/// `Algorithm::ALL`.
+macro_rules! algorithms {
+    () => {
+        concat!(
+            "local ALGORITHMS = {}\n",
+            batch_entry!("1", "fixed_window"),
+            batch_entry!("2", "token_bucket"),
+            batch_entry!("3", "sliding_window"),
+            batch_entry!("4", "sliding_log"),
+        )
+    };
+}
+
+/// The batch script (lua/batch.lua) with the four algorithms as functions, sharing one
+/// clock reading.
 const BATCH: &str = concat!(
     once_per_call!(),
-    "local ALGORITHMS = {}\n",
-    batch_entry!("1", "fixed_window"),
-    batch_entry!("2", "token_bucket"),
-    batch_entry!("3", "sliding_window"),
-    batch_entry!("4", "sliding_log"),
+    algorithms!(),
     include_str!("../../../lua/batch.lua"),
 );
+
+/// The function library's code after its clock function (see `Library`): the helpers and
+/// the algorithms, defined once at `FUNCTION LOAD`; `now` is a library-wide variable that
+/// each function sets first (Redis runs one function at a time, so no call sees another's).
+const LIBRARY_HEAD: &str = concat!(
+    "local now\n",
+    include_str!("../../../lua/lib.lua"),
+    algorithms!()
+);
+
+/// The batch function's name after the library's; each algorithm's function (refunds,
+/// Redis Cluster charges) is named after the algorithm.
+const BATCH_FUNCTION: &str = "batch";
 
 const FIXED_WINDOW: &str = script!("fixed_window");
 const TOKEN_BUCKET: &str = script!("token_bucket");
@@ -112,7 +153,8 @@ pub fn source(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// One script per algorithm with its SHA-1, computed once when a backend is built.
+/// One script per algorithm with its SHA-1, and the same code as one function library,
+/// computed once when a backend is built.
 #[derive(Clone)]
 pub struct ScriptSet {
     fixed_window: Loaded,
@@ -120,23 +162,76 @@ pub struct ScriptSet {
     sliding_window: Loaded,
     sliding_log: Loaded,
     batch: Loaded,
+    library: Arc<Library>,
     /// Set for a pinned set only: the time its calls append to their ARGV.
     clock: Option<Arc<dyn Clock>>,
 }
 
-/// A script with its source, which `EVAL` sends after `NOSCRIPT`.
+/// A script with its source, which `EVAL` sends after `NOSCRIPT`, and the name of the
+/// library function with the same code.
 #[derive(Clone)]
 struct Loaded {
     script: redis::Script,
     source: Cow<'static, str>,
+    function: String,
 }
 
 impl Loaded {
-    fn new(source: Cow<'static, str>) -> Loaded {
+    fn new(source: Cow<'static, str>, function: String) -> Loaded {
         Loaded {
             script: redis::Script::new(&source),
             source,
+            function,
         }
+    }
+}
+
+/// The scripts as one Redis function library (`#!lua name=<name>`).
+///
+/// Its name is `floodgate_` and the start of the SHA-1 of its code, and each function's name
+/// starts with the library's: two floodgate versions (a rolling upgrade) or a pinned test
+/// set keep apart on one server instead of replacing each other's code, and loading the
+/// same library again (`FUNCTION LOAD REPLACE`) changes nothing.
+///
+/// No function flag is set: every function may write (no `no-writes`), so Redis refuses it
+/// on a replica, while out of memory, and on a stale replica, as it refuses a writing
+/// `EVALSHA`. Reading `TIME` before writing is allowed: functions replicate their effects.
+struct Library {
+    name: String,
+    code: String,
+}
+
+impl Library {
+    /// The library whose functions read the clock with `clock_line` (`clock!()` or
+    /// `PINNED_CLOCK`).
+    fn new(clock_line: &str) -> Library {
+        let body = format!(
+            "{LIBRARY_HEAD}local function tick(ARGV)\n{clock_line}{}end\n",
+            now!()
+        );
+        let hash = redis::Script::new(&body).get_hash()[..16].to_owned();
+        let name = format!("floodgate_{hash}");
+        let mut code = format!("#!lua name={name}\n{body}");
+        let mut register = |function: &str, run: &str| {
+            code.push_str(&format!(
+                "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
+                 tick(ARGV)\n{run}end)\n"
+            ));
+        };
+        register(BATCH_FUNCTION, include_str!("../../../lua/batch.lua"));
+        for algorithm in Algorithm::ALL {
+            let index = batch_index(algorithm);
+            register(
+                algorithm.as_str(),
+                &format!("return ALGORITHMS[{index}](KEYS, ARGV)\n"),
+            );
+        }
+        Library { name, code }
+    }
+
+    /// The name `FCALL` gives for `function` (`BATCH_FUNCTION` or an algorithm's name).
+    fn function(&self, function: &str) -> String {
+        format!("{}_{function}", self.name)
     }
 }
 
@@ -157,7 +252,7 @@ impl Default for ScriptSet {
 impl ScriptSet {
     /// Hashes the four scripts and the batch script.
     pub fn new() -> ScriptSet {
-        ScriptSet::with_sources(Cow::Borrowed, None)
+        ScriptSet::with_sources(Cow::Borrowed, clock!(), None)
     }
 
     /// For tests: the same scripts on a clock that only moves when the test moves it. Each
@@ -173,22 +268,43 @@ impl ScriptSet {
                 .expect("every script starts with the clock line");
             Cow::Owned(format!("{PINNED_CLOCK}{rest}"))
         };
-        ScriptSet::with_sources(pin, Some(clock))
+        ScriptSet::with_sources(pin, PINNED_CLOCK, Some(clock))
     }
 
     fn with_sources(
         source_of: impl Fn(&'static str) -> Cow<'static, str>,
+        clock_line: &str,
         clock: Option<Arc<dyn Clock>>,
     ) -> ScriptSet {
-        let script = |algorithm| Loaded::new(source_of(source(algorithm)));
+        let library = Library::new(clock_line);
+        let script = |algorithm: Algorithm| {
+            Loaded::new(
+                source_of(source(algorithm)),
+                library.function(algorithm.as_str()),
+            )
+        };
         ScriptSet {
             fixed_window: script(Algorithm::FixedWindow),
             token_bucket: script(Algorithm::TokenBucket),
             sliding_window: script(Algorithm::SlidingWindow),
             sliding_log: script(Algorithm::SlidingLog),
-            batch: Loaded::new(source_of(BATCH)),
+            batch: Loaded::new(source_of(BATCH), library.function(BATCH_FUNCTION)),
+            library: Arc::new(library),
             clock,
         }
+    }
+
+    /// The function library's name (`FUNCTION LIST LIBRARYNAME <name>`).
+    pub fn library_name(&self) -> &str {
+        &self.library.name
+    }
+
+    /// `FUNCTION LOAD REPLACE` of the library: defines its functions, or redefines them
+    /// with the same code.
+    pub fn library_load(&self) -> Cmd {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(&self.library.code);
+        cmd
     }
 
     /// The script that decides many requests' items at once (lua/batch.lua).
@@ -210,23 +326,73 @@ impl ScriptSet {
         }
     }
 
+    /// For tests that call the code directly: one call of `argv`'s algorithm on `key`, as
+    /// `scripting` makes it first (`EVALSHA`, or `FCALL` of this set's library), pinned time
+    /// included. The script or the library must be loaded (`load_commands`).
+    #[doc(hidden)]
+    pub fn command(&self, scripting: Scripting, key: &str, argv: Argv) -> Cmd {
+        let call = Call {
+            key: key.to_owned(),
+            argv,
+        };
+        call.command(self, scripting.first())
+    }
+
     /// The word a call of a pinned set ends with: the pinned time in ms. `None` (no word)
     /// for a real set. Tests that invoke a script directly append it after the [`Argv`].
     pub fn pinned_now(&self) -> Option<i64> {
         self.clock.as_ref().map(|clock| clock.now_ms())
     }
 
-    /// `SCRIPT LOAD` of every script (a cluster client sends it to every node).
-    pub(crate) fn load_commands() -> impl Iterator<Item = Cmd> {
+    /// What makes every call of `scripting` known to a node: `SCRIPT LOAD` of every script,
+    /// or `FUNCTION LOAD REPLACE` of the library (a cluster client sends either to every
+    /// node).
+    pub fn load_commands(&self, scripting: Scripting) -> Vec<Cmd> {
+        if scripting == Scripting::Functions {
+            return vec![self.library_load()];
+        }
         Algorithm::ALL
-            .into_iter()
-            .map(source)
-            .chain([BATCH])
+            .iter()
+            .map(|&algorithm| &*self.loaded(algorithm).source)
+            .chain([&*self.batch.source])
             .map(|source| {
                 let mut cmd = redis::cmd("SCRIPT");
                 cmd.arg("LOAD").arg(source);
                 cmd
             })
+            .collect()
+    }
+}
+
+/// How the backends run the scripts (`--redis-scripting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scripting {
+    /// The function library when the server takes `FUNCTION LOAD` (Redis >= 7), else
+    /// scripts.
+    #[default]
+    Auto,
+    /// `EVALSHA`/`EVAL` of scripts, on any version.
+    Evalsha,
+    /// `FCALL` of the function library; connecting fails on a server before Redis 7.
+    Functions,
+}
+
+impl Scripting {
+    /// How the first attempt of a call names its script (`Auto` must be resolved first).
+    pub(crate) fn first(self) -> Via {
+        match self {
+            Scripting::Functions => Via::Function,
+            Scripting::Auto | Scripting::Evalsha => Via::Sha,
+        }
+    }
+
+    /// After a reply that `is_missing`: what to send before the call (the library load) and
+    /// how the call names its script the second time.
+    pub(crate) fn again(self, scripts: &ScriptSet) -> (Option<Cmd>, Via) {
+        match self {
+            Scripting::Functions => (Some(scripts.library_load()), Via::Function),
+            Scripting::Auto | Scripting::Evalsha => (None, Via::Source),
+        }
     }
 }
 
@@ -237,12 +403,20 @@ pub(crate) enum Via {
     Sha,
     /// `EVAL <source>`: after `NOSCRIPT`.
     Source,
+    /// `FCALL <library>_<function>`.
+    Function,
 }
 
 impl Via {
-    /// `EVALSHA <sha of script>` or `EVAL <source>`, ready for the keys and arguments.
+    /// `EVALSHA <sha of script>`, `EVAL <source>` or `FCALL <function>`, ready for the keys
+    /// and arguments.
     fn command(self, loaded: &Loaded) -> Cmd {
         match self {
+            Via::Function => {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(&loaded.function);
+                cmd
+            }
             Via::Sha => {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(loaded.script.get_hash());
@@ -365,7 +539,13 @@ impl Call {
         }
     }
 
-    /// The command: `EVALSHA sha 1 key argv...` or `EVAL source 1 key argv...`.
+    /// The bucket's key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The command: `EVALSHA sha 1 key argv...`, `EVAL source 1 key argv...` or
+    /// `FCALL function 1 key argv...`.
     pub(crate) fn command(&self, scripts: &ScriptSet, via: Via) -> Cmd {
         let mut cmd = via.command(scripts.loaded(self.argv.policy.algorithm));
         cmd.arg(1)
@@ -414,8 +594,8 @@ impl BatchCall {
     }
 
     /// One command deciding every group of `calls`, in order: `EVALSHA sha numkeys keys...
-    /// G argv...` (or `EVAL` with the source). Arguments are written straight into the
-    /// command buffer, so joining requests copies nothing else.
+    /// G argv...` (or `EVAL` with the source, or `FCALL` of the batch function). Arguments
+    /// are written straight into the command buffer, so joining requests copies nothing else.
     pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
         let mut cmd = via.command(&scripts.batch);
         cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
@@ -470,15 +650,26 @@ pub(crate) fn batch_outcomes(
         .collect()
 }
 
-/// Whether a reply says that the node does not know the script.
-pub(crate) fn is_noscript(value: &Value) -> bool {
-    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+/// Whether a reply says that the node does not know the script or the function, so the
+/// call did not run.
+pub(crate) fn is_missing(value: &Value) -> bool {
+    match value {
+        Value::ServerError(e) => {
+            e.kind() == Some(ServerErrorKind::NoScript)
+                || (e.code() == "ERR" && e.details() == Some(FUNCTION_NOT_FOUND))
+        }
+        _ => false,
+    }
 }
 
-/// Whether an error says that the node does not know the script.
-pub(crate) fn is_noscript_error(err: &RedisError) -> bool {
+/// Whether an error says that the node does not know the script or the function.
+pub(crate) fn is_missing_error(err: &RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+        || (err.code() == Some("ERR") && err.detail() == Some(FUNCTION_NOT_FOUND))
 }
+
+/// What Redis answers (after `ERR`) to an `FCALL` of a function it does not have.
+const FUNCTION_NOT_FOUND: &str = "Function not found";
 
 /// Reads a charge reply `{allowed, remaining, reset_ms, now_ms, booked}`.
 pub(crate) fn outcome(value: Value) -> Result<Outcome, BackendError> {
@@ -596,7 +787,37 @@ mod tests {
                 assert!(src.contains(word), "{algorithm}: header lacks {word}");
             }
         }
-        assert_eq!(ScriptSet::load_commands().count(), 5);
+        assert_eq!(set.load_commands(Scripting::Evalsha).len(), 5);
+        assert_eq!(set.load_commands(Scripting::Functions).len(), 1);
+    }
+
+    #[test]
+    fn the_library_holds_every_script_once_and_is_named_after_its_code() {
+        let set = ScriptSet::new();
+        let code = &set.library.code;
+        let name = set.library_name();
+        assert!(code.starts_with(&format!("#!lua name={name}\n")));
+        assert!(name.starts_with("floodgate_") && name.len() == "floodgate_".len() + 16);
+        // The helpers are defined once, at load; each function reads the clock itself.
+        assert_eq!(code.matches("local function cdiv").count(), 1);
+        assert_eq!(code.matches(clock!()).count(), 1, "once, in tick");
+        for function in ["batch", "fixed_window", "sliding_log"] {
+            let registered = format!("redis.register_function('{name}_{function}',");
+            assert_eq!(code.matches(&registered).count(), 1, "{function}");
+        }
+        assert_eq!(code.matches("redis.register_function(").count(), 5);
+        assert_eq!(
+            ScriptSet::new().library_name(),
+            name,
+            "the same code, the same name"
+        );
+        let clock = Arc::new(crate::clock::ManualClock::new(0));
+        let pinned = ScriptSet::pinned(clock);
+        assert_ne!(pinned.library_name(), name, "a pinned library keeps apart");
+        assert!(pinned.library.code.contains(PINNED_CLOCK));
+        assert!(!pinned.library.code.contains(clock!()));
+        let batch = BatchCall::command(&[], &set, Via::Function);
+        assert_eq!(words(&batch)[..3], ["FCALL", &format!("{name}_batch"), "0"]);
     }
 
     #[test]
@@ -775,9 +996,13 @@ mod tests {
             assert!(text.starts_with(&format!("{code} ({class})")), "{text}");
             assert_eq!(classified.is_transient(), class == "transient", "{text}");
         }
-        assert!(is_noscript_error(&server(
+        assert!(is_missing_error(&server(
             b"-NOSCRIPT No matching script\r\n"
         )));
+        assert!(is_missing_error(&server(b"-ERR Function not found\r\n")));
+        assert!(!is_missing_error(&server(b"-ERR floodgate batch: bad\r\n")));
+        let reply = redis::parse_redis_value(b"-ERR Function not found\r\n").unwrap();
+        assert!(is_missing(&reply));
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(matches!(classify(&io), BackendError::Unavailable(_)));
         assert!(classify(&io).is_transient());

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
-use super::scripts::{self, BatchCall, Call, ScriptSet, Via};
+use super::scripts::{self, BatchCall, Call, ScriptSet, Scripting, Via};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
 use batch::{Backlog, Job};
@@ -189,6 +189,8 @@ struct Node {
     pool: bb8::Pool<LinkManager>,
     last_connect_error: Arc<parking_lot::Mutex<Option<RedisError>>>,
     scripts: ScriptSet,
+    /// `Functions` or `Evalsha`: what `options.scripting` came to on this node.
+    scripting: Scripting,
     options: RedisOptions,
     secrets: Secrets,
 }
@@ -204,13 +206,15 @@ impl fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// Connects to the node at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`
-    /// for TLS), then loads the scripts; each step is bounded by `options.timeout`. The pool
+    /// for TLS), then loads the function library or the scripts (`options.scripting`); each
+    /// step is bounded by `options.timeout`. The pool
     /// then keeps `options.pool_size` sockets open and replaces failed ones on its own.
     ///
     /// # Errors
     /// `Config` for an invalid URL or options; `Failed` for a refused login or a server
-    /// error; `Unavailable` or `Timeout` when the node cannot be reached. No message contains the
-    /// URL or the password.
+    /// error; `Unavailable` or `Timeout` when the node cannot be reached; `Failed` when
+    /// `Scripting::Functions` is asked for and the node cannot load the library. No message
+    /// contains the URL or the password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend, BackendError> {
         RedisBackend::connect_with_scripts(url, options, ScriptSet::new()).await
     }
@@ -239,19 +243,7 @@ impl RedisBackend {
             last_error: Arc::default(),
         };
         let last_connect_error = manager.last_error.clone();
-        // One connection up front, so that a wrong password, a certificate problem or a
-        // refused port is reported as such instead of as a timeout.
-        let first = match timeout_at(
-            Instant::now() + options.timeout,
-            bb8::ManageConnection::connect(&manager),
-        )
-        .await
-        {
-            Ok(Ok(link)) => link,
-            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
-            Err(_) => return Err(BackendError::Timeout),
-        };
-        let pool = bb8::Pool::builder()
+        let builder = bb8::Pool::builder()
             .max_size(options.pool_size)
             // Every socket stays open: calls spread over all of them (FIFO checkout).
             .min_idle(Some(options.pool_size))
@@ -260,18 +252,26 @@ impl RedisBackend {
             // failed connect is not retried in the background: the next call triggers one.
             .connection_timeout(options.timeout)
             .retry_connection(false)
-            .error_sink(Box::new(ConnectErrorLog(secrets.clone())))
-            .build_unchecked(manager);
-        // The pool may already have opened its own; then this one is simply closed.
-        let _ = pool.add(first);
-        let node = Arc::new(Node {
+            .error_sink(Box::new(ConnectErrorLog(secrets.clone())));
+        // Every socket is open before the backend is returned (and so before SERVING): the
+        // first calls do not wait for a connect. A wrong password, a certificate problem or
+        // a refused port is reported as such instead of as a timeout.
+        let pool = match timeout_at(Instant::now() + options.timeout, builder.build(manager)).await
+        {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Err(_) => return Err(BackendError::Timeout),
+        };
+        let mut node = Node {
             pool,
             last_connect_error,
             scripts,
+            scripting: options.scripting,
             options,
             secrets,
-        });
-        node.preload_scripts().await;
+        };
+        node.scripting = node.preload().await?;
+        let node = Arc::new(node);
         let (queue, jobs) = mpsc::unbounded_channel();
         let backlog = Arc::new(Backlog::default());
         tokio::spawn(batch::run(Arc::clone(&node), Arc::clone(&backlog), jobs));
@@ -284,22 +284,46 @@ impl RedisBackend {
 }
 
 impl Node {
-    /// Loads the scripts so that the first calls need no `EVAL` fallback. Best effort: a
-    /// failure (say, an ACL that allows `EVALSHA` but not `SCRIPT`) only costs that fallback.
-    async fn preload_scripts(&self) {
+    /// Loads the function library, or the scripts, so that the first calls need no reload,
+    /// and settles `Scripting::Auto`: the library when the node takes it, else scripts.
+    ///
+    /// Loading the scripts is best effort: a failure (say, an ACL that allows `EVALSHA` but
+    /// not `SCRIPT`) only costs the `EVAL` fallback. The library is required only when
+    /// `Scripting::Functions` is asked for.
+    async fn preload(&self) -> Result<Scripting, BackendError> {
+        let wanted = self.options.scripting;
+        if wanted != Scripting::Evalsha {
+            match self.load(Scripting::Functions).await {
+                Ok(()) => return Ok(Scripting::Functions),
+                Err(error) if wanted == Scripting::Functions => {
+                    return Err(BackendError::failed(format!(
+                        "cannot load the function library (Redis >= 7 needed for \
+                         --redis-scripting functions): {error}"
+                    )));
+                }
+                Err(error) => {
+                    tracing::info!(%error, "no Redis functions here; running scripts by EVALSHA");
+                }
+            }
+        }
+        if let Err(error) = self.load(Scripting::Evalsha).await {
+            tracing::warn!(%error, "could not preload the Lua scripts; they load on first use");
+        }
+        Ok(Scripting::Evalsha)
+    }
+
+    /// Sends what makes the calls of `scripting` known to the node.
+    async fn load(&self, scripting: Scripting) -> Result<(), BackendError> {
         let mut pipe = redis::pipe();
-        for cmd in ScriptSet::load_commands() {
+        for cmd in self.scripts.load_commands(scripting) {
             pipe.add_command(cmd);
         }
         let deadline = Instant::now() + self.options.timeout;
-        let loaded = match self.borrow(deadline).await {
-            Ok(mut conn) => conn.query(&pipe, deadline).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        if let Err(error) = loaded {
-            let error = self.secrets.scrub(error);
-            tracing::warn!(%error, "could not preload the Lua scripts; they load on first use");
-        }
+        let mut conn = self.borrow(deadline).await?;
+        conn.query(&pipe, deadline)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.secrets.scrub(e))
     }
 
     /// A connection for one call. If none is ready by `deadline`, the error says why the
@@ -324,22 +348,26 @@ impl Node {
     }
 
     /// Runs `calls` as one pipeline and returns one reply per call, in order. Calls that hit
-    /// `NOSCRIPT` did not run; they go again as `EVAL`, in a second pipeline.
+    /// `NOSCRIPT` or `Function not found` did not run; they go again in a second pipeline,
+    /// as `EVAL` or after the library's load.
     async fn run(&self, calls: &[Call]) -> Result<Vec<Value>, BackendError> {
         let deadline = Instant::now() + self.options.timeout;
         let mut conn = self.borrow(deadline).await?;
+        let first = self.scripting.first();
         let mut values = self
-            .pipeline(&mut conn, calls.iter(), Via::Sha, deadline)
+            .pipeline(&mut conn, None, calls.iter(), first, deadline)
             .await?;
         let missing: Vec<usize> = (0..values.len())
-            .filter(|&i| scripts::is_noscript(&values[i]))
+            .filter(|&i| scripts::is_missing(&values[i]))
             .collect();
         if !missing.is_empty() {
+            let (load, via) = self.scripting.again(&self.scripts);
             let retried = self
                 .pipeline(
                     &mut conn,
+                    load,
                     missing.iter().map(|&i| &calls[i]),
-                    Via::Source,
+                    via,
                     deadline,
                 )
                 .await?;
@@ -350,9 +378,12 @@ impl Node {
         Ok(values)
     }
 
+    /// Runs `calls` as one pipeline, after `load` when given (its reply is dropped: a call
+    /// that still misses its function says so itself).
     async fn pipeline<'a>(
         &self,
         conn: &mut Borrowed,
+        load: Option<redis::Cmd>,
         calls: impl Iterator<Item = &'a Call>,
         via: Via,
         deadline: Instant,
@@ -361,15 +392,20 @@ impl Node {
         // Server errors come back per command instead of failing the whole pipeline, so a
         // NOSCRIPT can be retried alone.
         pipe.ignore_errors();
+        let loads = usize::from(load.is_some());
+        if let Some(load) = load {
+            pipe.add_command(load);
+        }
         let mut expected = 0;
         for call in calls {
             pipe.add_command(call.command(&self.scripts, via));
             expected += 1;
         }
-        let values = conn
+        let mut values = conn
             .query(&pipe, deadline)
             .await
             .map_err(|e| self.secrets.scrub(e))?;
+        values.drain(..loads.min(values.len()));
         if values.len() != expected {
             return Err(BackendError::failed(format!(
                 "pipeline returned {} replies for {expected} calls",

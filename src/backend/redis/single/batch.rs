@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use redis::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::Node;
-use crate::backend::redis::scripts::{self, BatchCall, Via};
+use crate::backend::redis::scripts::{self, BatchCall};
 use crate::backend::{BackendError, Outcome};
 
 /// Script calls in flight at once on the node's connections; more requests wait and share
@@ -102,23 +104,31 @@ pub(super) struct Job {
 }
 
 /// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the backend is
-/// dropped (its sender closes the queue).
+/// dropped (its sender closes the queue), then lets the calls in flight finish.
+///
+/// The calls run inside this task (polled together), not in a task each: a batch costs no
+/// spawn and no extra wake-up between the batcher and the connection's driver.
 pub(super) async fn run(
     node: Arc<Node>,
     backlog: Arc<Backlog>,
     mut jobs: mpsc::UnboundedReceiver<Job>,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut in_flight = FuturesUnordered::new();
     let mut held = None;
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
+        if in_flight.len() >= MAX_IN_FLIGHT {
+            in_flight.next().await;
+            continue;
+        }
         let first = match held.take() {
             Some(job) => job,
-            None => match jobs.recv().await {
-                Some(job) => job,
-                None => return,
+            None => tokio::select! {
+                // A call that ends frees its slot; an empty set disables this branch.
+                Some(()) = in_flight.next() => continue,
+                job = jobs.recv() => match job {
+                    Some(job) => job,
+                    None => break,
+                },
             },
         };
         let mut items = first.call.len();
@@ -132,12 +142,13 @@ pub(super) async fn run(
             batch.push(job);
         }
         backlog.taken(items);
-        tokio::spawn(send(Arc::clone(&node), Arc::clone(&backlog), batch, slot));
+        in_flight.push(send(&node, &backlog, batch));
     }
+    while in_flight.next().await.is_some() {}
 }
 
 /// Sends one call for `jobs` and hands each job its outcomes (or the call's error).
-async fn send(node: Arc<Node>, backlog: Arc<Backlog>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
+async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
     let now = Instant::now();
     // A caller that gave up or ran out of time is not sent: nothing is booked for it.
     let (live, late): (Vec<Job>, Vec<Job>) = jobs
@@ -179,8 +190,9 @@ async fn send(node: Arc<Node>, backlog: Arc<Backlog>, jobs: Vec<Job>, _slot: Own
 }
 
 impl Node {
-    /// Runs one batch call until `deadline`; a node that does not know the script (flushed,
-    /// restarted) gets it again as `EVAL`, which did not run the first time.
+    /// Runs one batch call until `deadline`; a node that does not know the script or the
+    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
+    /// library's load in the same round trip: the first call did not run.
     async fn run_batch(
         &self,
         calls: &[&BatchCall],
@@ -188,17 +200,25 @@ impl Node {
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
         let mut conn = self.borrow(deadline).await?;
         let mut reply = Value::Nil;
-        for via in [Via::Sha, Via::Source] {
+        for retry in [false, true] {
+            let (load, via) = match retry {
+                false => (None, self.scripting.first()),
+                true => self.scripting.again(&self.scripts),
+            };
             let mut pipe = redis::pipe();
-            // The server's error comes back as the reply, so NOSCRIPT can be told apart.
+            // The server's error comes back as the reply, so a missing script can be told
+            // apart.
             pipe.ignore_errors();
+            if let Some(load) = load {
+                pipe.add_command(load);
+            }
             pipe.add_command(BatchCall::command(calls, &self.scripts, via));
             let mut values = conn
                 .query(&pipe, deadline)
                 .await
                 .map_err(|e| self.secrets.scrub(e))?;
             reply = values.pop().unwrap_or(Value::Nil);
-            if !scripts::is_noscript(&reply) {
+            if !scripts::is_missing(&reply) {
                 break;
             }
         }

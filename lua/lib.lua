@@ -24,7 +24,7 @@ end
 -- Refunds are applied at most once: each bucket keeps the ids of its last RECENT_REFUNDS
 -- applied refunds as one string "id,id,...", oldest first, and ignores a repeated id (a
 -- refund re-sent after its reply was lost).
-local RECENT_REFUNDS = 8
+local RECENT_REFUNDS = 32
 
 -- Id 0 is an undo inside the same script as its booking (lua/batch.lua): it can never be
 -- re-sent, so it is neither checked nor recorded.

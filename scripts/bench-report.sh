@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 limit=30m
 for arg in "$@"; do
-    [[ "$arg" == "--quick" ]] && limit=5m
+    [[ "$arg" == "--quick" ]] && limit=10m
 done
 source scripts/lib/common.sh
 require_tools bench-report redis-server redis-cli redis-benchmark python3

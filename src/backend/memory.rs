@@ -50,7 +50,7 @@ const FULL_SWEEP_STEP: usize = 32;
 /// Slots sampled to choose an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
 /// Refund ids a bucket remembers, as the Lua scripts do (`lua/lib.lua`).
-pub const RECENT_REFUNDS: usize = 8;
+pub const RECENT_REFUNDS: usize = 32;
 
 /// Buckets kept in process memory.
 pub struct MemoryBackend {

@@ -211,10 +211,40 @@ impl Cluster {
             .collect()
     }
 
+    /// Runs [`Cluster::charge_and_settle`] in a task of its own, so that its undo happens
+    /// whatever becomes of the caller: a caller dropped at its deadline while the charges are
+    /// out (and answered by the failure mode) leaves nothing booked either, unless
+    /// `keep_on_failure` admits it.
+    async fn decide(self: &Arc<Self>, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let cluster = Arc::clone(self);
+        let group = group.clone();
+        tokio::spawn(async move {
+            let (result, kept) = cluster.charge_and_settle(&group).await;
+            if let Err(Ok(_)) = reply.send(result)
+                && !group.keep_on_failure
+                && !kept.is_empty()
+            {
+                // The caller gave up before the answer: its request failed, so what it
+                // booked goes too.
+                cluster.undo(kept).await;
+            }
+        });
+        answer.await.unwrap_or_else(|_| {
+            Err(BackendError::Unavailable(
+                "the Redis Cluster charge task stopped".into(),
+            ))
+        })
+    }
+
     /// Charges every item concurrently (its buckets live in different slots), then undoes
     /// the undoable bookings of a rejected request, or of a failed one unless
-    /// `keep_on_failure`.
-    async fn decide(self: &Arc<Self>, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+    /// `keep_on_failure`. Also returns the refunds of the bookings that stand, should the
+    /// caller be gone.
+    async fn charge_and_settle(
+        self: &Arc<Self>,
+        group: &Group,
+    ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
         let prefix = &self.options.key_prefix;
         let deadline = Instant::now() + self.options.timeout;
         let results = join_all(group.items.iter().map(|item| async move {
@@ -233,42 +263,42 @@ impl Cluster {
             }
         };
         let mut outcomes = Vec::with_capacity(results.len());
-        let mut undo = Vec::new();
+        let (mut undo, mut kept) = (Vec::new(), Vec::new());
         for (item, result) in group.items.iter().zip(results) {
             let Ok(mut outcome) = result else { continue };
-            if undo_all && undoable(item, &outcome) {
-                undo.push(Refund::new(
+            if undoable(item, &outcome) {
+                let refund = Refund::new(
                     item.charge.bucket,
                     item.charge.policy,
                     item.charge.cost,
                     outcome.now_ms,
-                ));
-                outcome.booked = false;
-                outcome.rolled_back = true;
+                );
+                if undo_all {
+                    undo.push(refund);
+                    outcome.booked = false;
+                    outcome.rolled_back = true;
+                } else {
+                    kept.push(refund);
+                }
             }
             outcomes.push(outcome);
         }
         if !undo.is_empty() {
             self.undo(undo).await;
         }
-        match failure {
+        let result = match failure {
             Some(error) => Err(error),
             None => Ok(outcomes),
-        }
+        };
+        (result, kept)
     }
 
-    /// Refunds bookings of a request that ended rejected, in a task of its own so that it
-    /// completes even when the caller stops waiting. A refund that fails leaves its booking
-    /// (the request was rejected all the same): counted by the caller as a backend error.
-    async fn undo(self: &Arc<Self>, refunds: Vec<Refund>) {
-        let cluster = Arc::clone(self);
-        let task = tokio::spawn(async move { cluster.refund(&refunds).await });
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "refund failed; a rejected request's bookings stand");
-            }
-            Err(error) => tracing::warn!(%error, "refund task failed"),
+    /// Refunds bookings of a request that ended rejected or failed (it runs in the charge
+    /// task, which outlives the caller). A refund that fails leaves its booking (the request
+    /// was rejected all the same): counted by the caller as a backend error.
+    async fn undo(&self, refunds: Vec<Refund>) {
+        if let Err(error) = self.refund(&refunds).await {
+            tracing::warn!(%error, "refund failed; a rejected request's bookings stand");
         }
     }
 

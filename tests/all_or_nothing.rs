@@ -282,18 +282,10 @@ async fn a_slow_reply_fails_only_its_own_call() {
 /// requests that touch it fail alone and keep nothing booked; the 294 others batched with
 /// them are answered. Before, the error aborted the whole batch script: every request in it
 /// failed, and groups already charged kept their bookings.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_key_fails_only_the_requests_that_touch_it() {
-    let server = RedisServer::start();
-    let backend = Arc::new(
-        RedisBackend::connect(&server.url(), options(5000))
-            .await
-            .unwrap(),
-    );
+async fn a_bad_key_fails_only_its_requests(backend: Arc<dyn Backend>, overwrite: impl Fn(&str)) {
     let five = Policy::fixed_window(5, Unit::Hour);
     let bad = item(five, "bad", 1, Weight::default());
-    let key = bad.charge.bucket.redis_key("fg");
-    assert_eq!(server.cli(&["SET", &key, "not a hash"]).trim(), "OK");
+    overwrite(&bad.charge.bucket.redis_key("fg"));
     let mut tasks = Vec::new();
     for i in 0..300 {
         let backend = Arc::clone(&backend);
@@ -306,11 +298,8 @@ async fn a_bad_key_fails_only_the_requests_that_touch_it() {
             (touches_bad, i, backend.decide(&group(items)).await)
         }));
     }
-    let mut results = Vec::new();
     for task in tasks {
-        results.push(task.await.unwrap());
-    }
-    for (touches_bad, i, result) in results {
+        let (touches_bad, i, result) = task.await.unwrap();
         match (touches_bad, result) {
             (false, Ok(outcomes)) => assert!(outcomes[0].allowed && outcomes[0].booked),
             (true, Err(BackendError::Failed { .. })) => {
@@ -323,4 +312,37 @@ async fn a_bad_key_fails_only_the_requests_that_touch_it() {
             (touches_bad, other) => panic!("request {i} (bad key: {touches_bad}): {other:?}"),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_key_fails_only_the_requests_that_touch_it() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url(), options(5000))
+        .await
+        .unwrap();
+    a_bad_key_fails_only_its_requests(Arc::new(backend), |key| {
+        assert_eq!(server.cli(&["SET", key, "not a hash"]).trim(), "OK");
+    })
+    .await;
+
+    let cluster = RedisCluster::start_async().await;
+    let url = cluster.urls()[0].clone();
+    let port = url.rsplit(':').next().unwrap().to_owned();
+    a_bad_key_fails_only_its_requests(Arc::new(cluster.backend().await), |key| {
+        let out = std::process::Command::new("redis-cli")
+            .args([
+                "-c",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "SET",
+                key,
+                "not a hash",
+            ])
+            .output()
+            .expect("redis-cli runs");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    })
+    .await;
 }

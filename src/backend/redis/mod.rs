@@ -124,6 +124,34 @@ impl RedisOptions {
     }
 }
 
+/// Loads the function library or, failing that, the scripts with `load`, and settles
+/// `Scripting::Auto`: the library when the server takes it, else scripts. Loading scripts is
+/// best effort (a failure only costs the `EVAL` fallback of the first calls); the library is
+/// required only when `Scripting::Functions` is asked for.
+pub(crate) async fn settle_scripting<'a>(
+    wanted: Scripting,
+    load: impl Fn(Scripting) -> futures::future::BoxFuture<'a, Result<(), BackendError>>,
+) -> Result<Scripting, BackendError> {
+    if wanted != Scripting::Evalsha {
+        match load(Scripting::Functions).await {
+            Ok(()) => return Ok(Scripting::Functions),
+            Err(error) if wanted == Scripting::Functions => {
+                return Err(BackendError::failed(format!(
+                    "cannot load the function library (Redis >= 7 needed for \
+                     --redis-scripting functions): {error}"
+                )));
+            }
+            Err(error) => {
+                tracing::info!(%error, "no Redis functions here; running scripts by EVALSHA");
+            }
+        }
+    }
+    if let Err(error) = load(Scripting::Evalsha).await {
+        tracing::warn!(%error, "could not preload the Lua scripts; they load on first use");
+    }
+    Ok(Scripting::Evalsha)
+}
+
 pub(crate) fn config_error(what: &str) -> BackendError {
     BackendError::Config(what.to_owned())
 }

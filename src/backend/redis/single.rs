@@ -291,25 +291,10 @@ impl Node {
     /// not `SCRIPT`) only costs the `EVAL` fallback. The library is required only when
     /// `Scripting::Functions` is asked for.
     async fn preload(&self) -> Result<Scripting, BackendError> {
-        let wanted = self.options.scripting;
-        if wanted != Scripting::Evalsha {
-            match self.load(Scripting::Functions).await {
-                Ok(()) => return Ok(Scripting::Functions),
-                Err(error) if wanted == Scripting::Functions => {
-                    return Err(BackendError::failed(format!(
-                        "cannot load the function library (Redis >= 7 needed for \
-                         --redis-scripting functions): {error}"
-                    )));
-                }
-                Err(error) => {
-                    tracing::info!(%error, "no Redis functions here; running scripts by EVALSHA");
-                }
-            }
-        }
-        if let Err(error) = self.load(Scripting::Evalsha).await {
-            tracing::warn!(%error, "could not preload the Lua scripts; they load on first use");
-        }
-        Ok(Scripting::Evalsha)
+        super::settle_scripting(self.options.scripting, |scripting| {
+            Box::pin(self.load(scripting))
+        })
+        .await
     }
 
     /// Sends what makes the calls of `scripting` known to the node.

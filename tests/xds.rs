@@ -680,6 +680,6 @@ async fn a_deep_and_wide_update_is_answered_with_bounded_memory() {
     }
     let grown_mib = peak_rss_kib(pid).saturating_sub(before) / 1024;
     eprintln!("an update of {encoded} bytes grew the peak RSS by {grown_mib} MiB");
-    assert!(grown_mib < 150, "peak RSS grew by {grown_mib} MiB");
+    assert!(grown_mib < 250, "peak RSS grew by {grown_mib} MiB");
     drop(server);
 }

@@ -84,7 +84,11 @@ async fn each_unit_books_in_its_own_redis_and_a_rejection_spans_both() {
     let response = decide(&server, &[("fast", "b"), ("slow", "b")]).await;
     assert_eq!(response.overall_code, Code::OverLimit as i32);
     let response = decide(&server, &[("fast", "b")]).await;
-    assert_eq!(response.overall_code, Code::Ok as i32, "fast/b still has room");
+    assert_eq!(
+        response.overall_code,
+        Code::Ok as i32,
+        "fast/b still has room"
+    );
 
     // Readiness covers both: the per-second Redis down makes the service NOT_SERVING.
     let mut per_second = per_second;

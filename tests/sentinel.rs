@@ -12,8 +12,7 @@ use common::{TestServer, descriptor, redis_options, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::backend::{BackendSettings, SentinelSettings};
 
-const RULES: &str =
-    "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 /// How long floodgate may take to book on the new master once the old one is gone:
 /// detection (1 s down-after), election and promotion, then floodgate's reconnect.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
@@ -35,7 +34,10 @@ async fn server(group: &SentinelGroup) -> TestServer {
 }
 
 fn keys(group: &SentinelGroup, index: usize) -> u64 {
-    group.nodes()[index].cli(&["DBSIZE"]).parse().expect("DBSIZE")
+    group.nodes()[index]
+        .cli(&["DBSIZE"])
+        .parse()
+        .expect("DBSIZE")
 }
 
 /// Sends one decision for `user`; Ok(true) when it was answered OK, Ok(false) for any other
@@ -52,7 +54,8 @@ async fn decide(server: &TestServer, user: &str) -> Result<bool, tonic::Status> 
 /// every answer on the way must be OK or UNAVAILABLE. Returns how many calls it took.
 async fn books_on(server: &TestServer, group: &SentinelGroup, index: usize, tag: &str) -> u32 {
     let start = tokio::time::Instant::now();
-    for attempt in 0u32.. {
+    let mut attempt = 0;
+    loop {
         assert!(
             start.elapsed() < FAILOVER_LIMIT,
             "nothing booked on node {index} within {FAILOVER_LIMIT:?}"
@@ -64,9 +67,9 @@ async fn books_on(server: &TestServer, group: &SentinelGroup, index: usize, tag:
             Ok(false) => panic!("a user with room was rejected"),
             Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
         }
+        attempt += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    unreachable!("the loop returns or panics")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +80,12 @@ async fn books_on_the_master_and_follows_a_crash_failover() {
     assert!(decide(&server, "first").await.expect("answered"));
     assert_eq!(keys(&group, 0), 1, "booked on the master");
     // The replica holds the key only through replication, never from floodgate.
-    assert_eq!(group.nodes()[1].info_field("replication", "role").as_deref(), Some("slave"));
+    assert_eq!(
+        group.nodes()[1]
+            .info_field("replication", "role")
+            .as_deref(),
+        Some("slave")
+    );
 
     group.node_mut(0).stop();
     #[allow(
@@ -108,16 +116,17 @@ async fn follows_a_manual_failover_while_the_old_master_still_runs() {
 
     // The old master stays up and is demoted: its sockets never break, so only
     // `+switch-master` (or its READONLY answers) can move floodgate.
-    let answer = group
-        .sentinel(0)
-        .cli(&["SENTINEL", "FAILOVER", group.name]);
+    let answer = group.sentinel(0).cli(&["SENTINEL", "FAILOVER", group.name]);
     assert_eq!(answer, "OK");
     // Until the old master is demoted, its writes replicate to node 1 as well: wait for the
     // switch before counting keys there.
     tokio::task::block_in_place(|| {
         common::redis::wait_until("the old master demoted", FAILOVER_LIMIT, || {
             group.master_index() == 1
-                && group.nodes()[0].info_field("replication", "role").as_deref() == Some("slave")
+                && group.nodes()[0]
+                    .info_field("replication", "role")
+                    .as_deref()
+                    == Some("slave")
         });
     });
     let calls = books_on(&server, &group, 1, "after-switch").await;

@@ -225,7 +225,10 @@ mod tests {
         assert!(!second[1].allowed);
         assert!(second[0].allowed && second[0].rolled_back && !second[0].booked);
         let alone = main.decide(&group(vec![per_minute])).await.unwrap();
-        assert_eq!(alone[0].remaining, 8, "only the first request's booking stands");
+        assert_eq!(
+            alone[0].remaining, 8,
+            "only the first request's booking stands"
+        );
 
         // The other way round: the per-minute bucket is full, the per-second booking is
         // refunded.

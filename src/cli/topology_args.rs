@@ -4,8 +4,8 @@
 use clap::Args;
 
 use super::{BackendKind, DEFAULT_REDIS_POOL_SIZE, RedisUrl};
-use crate::backend::redis::{NodeAuth, RedisOptions, SentinelSettings};
 use crate::backend::BackendSettings;
+use crate::backend::redis::{NodeAuth, RedisOptions, SentinelSettings};
 use crate::redact::SecretText;
 
 /// Redis Sentinel and the per-second backend.
@@ -27,7 +27,12 @@ pub struct TopologyArgs {
     pub redis_master_auth: Option<SecretText>,
     /// A second backend for the rules whose unit is `second`; every other rule stays in
     /// --backend. A request spanning both stays all-or-nothing.
-    #[arg(long, env = "FLOODGATE_PER_SECOND_BACKEND", value_enum, value_name = "BACKEND")]
+    #[arg(
+        long,
+        env = "FLOODGATE_PER_SECOND_BACKEND",
+        value_enum,
+        value_name = "BACKEND"
+    )]
     pub per_second_backend: Option<BackendKind>,
     /// Redis URL(s) of --per-second-backend, as --redis-url for --backend.
     #[arg(
@@ -49,7 +54,11 @@ pub struct TopologyArgs {
     pub per_second_redis_pool_size: u32,
     /// With `--per-second-backend redis`: the Sentinel master name; --per-second-redis-url
     /// then lists the sentinels.
-    #[arg(long, env = "FLOODGATE_PER_SECOND_REDIS_SENTINEL_MASTER", value_name = "NAME")]
+    #[arg(
+        long,
+        env = "FLOODGATE_PER_SECOND_REDIS_SENTINEL_MASTER",
+        value_name = "NAME"
+    )]
     pub per_second_redis_sentinel_master: Option<String>,
     /// `[user:]password` of the per-second data nodes found through Sentinel.
     #[arg(
@@ -86,10 +95,9 @@ impl BackendFlags<'_> {
             ));
         }
         if self.sentinel_master.is_some()
-            && self
-                .urls
-                .iter()
-                .any(|u| !u.as_str().starts_with("redis://") && !u.as_str().starts_with("rediss://"))
+            && self.urls.iter().any(|u| {
+                !u.as_str().starts_with("redis://") && !u.as_str().starts_with("rediss://")
+            })
         {
             return Err(format!(
                 "with {master}, {url} lists sentinels: `redis://` or `rediss://` URLs"
@@ -156,7 +164,10 @@ impl TopologyArgs {
             }
             None => {
                 let set = [
-                    (!self.per_second_redis_url.is_empty(), "--per-second-redis-url"),
+                    (
+                        !self.per_second_redis_url.is_empty(),
+                        "--per-second-redis-url",
+                    ),
                     (
                         self.per_second_redis_sentinel_master.is_some(),
                         "--per-second-redis-sentinel-master",

@@ -472,26 +472,33 @@ impl SentinelGroup {
         let port = master.port().to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
         wait_until("the replica in sync", START_TIMEOUT, || {
-            replica.info_field("replication", "master_link_status").as_deref() == Some("up")
+            replica
+                .info_field("replication", "master_link_status")
+                .as_deref()
+                == Some("up")
         });
         let sentinels: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_sentinel(name, master.port()))
             .collect();
-        wait_until("sentinels that know each other and the replica", CLUSTER_TIMEOUT, || {
-            sentinels.iter().all(|sentinel| {
-                let fields = sentinel.cli(&["SENTINEL", "MASTER", name]);
-                let lines: Vec<&str> = fields.lines().collect();
-                let field = |key: &str| {
-                    lines
-                        .iter()
-                        .position(|line| *line == key)
-                        .and_then(|i| lines.get(i + 1))
-                        .map(|value| value.to_string())
-                };
-                field("num-slaves").as_deref() == Some("1")
-                    && field("num-other-sentinels").as_deref() == Some("2")
-            })
-        });
+        wait_until(
+            "sentinels that know each other and the replica",
+            CLUSTER_TIMEOUT,
+            || {
+                sentinels.iter().all(|sentinel| {
+                    let fields = sentinel.cli(&["SENTINEL", "MASTER", name]);
+                    let lines: Vec<&str> = fields.lines().collect();
+                    let field = |key: &str| {
+                        lines
+                            .iter()
+                            .position(|line| *line == key)
+                            .and_then(|i| lines.get(i + 1))
+                            .map(|value| value.to_string())
+                    };
+                    field("num-slaves").as_deref() == Some("1")
+                        && field("num-other-sentinels").as_deref() == Some("2")
+                })
+            },
+        );
         SentinelGroup {
             name,
             nodes: vec![master, replica],

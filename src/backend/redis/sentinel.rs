@@ -327,7 +327,10 @@ mod tests {
     #[test]
     fn debug_hides_every_password() {
         let shown = format!("{:?}", settings(&["redis://:s3ntinel@a:1"]));
-        assert!(!shown.contains("s3ntinel") && !shown.contains("n0de-secret"), "{shown}");
+        assert!(
+            !shown.contains("s3ntinel") && !shown.contains("n0de-secret"),
+            "{shown}"
+        );
         assert_eq!(NodeAuth::parse("pw").user, None);
     }
 }

@@ -98,7 +98,9 @@ impl Mapper<'_> {
         let backend = if vars.settings.url == REDIS_URL {
             args.backend
         } else {
-            args.topology.per_second_backend.unwrap_or(BackendKind::Redis)
+            args.topology
+                .per_second_backend
+                .unwrap_or(BackendKind::Redis)
         };
         let sentinel = self.redis_type(vars)? == RedisType::Sentinel;
         if sentinel && backend != BackendKind::Redis {
@@ -111,7 +113,10 @@ impl Mapper<'_> {
             vars.sentinel_auth
         } else {
             if self.is_set(vars.sentinel_auth) {
-                self.warn(vars.sentinel_auth, "applies only to the `sentinel` Redis type");
+                self.warn(
+                    vars.sentinel_auth,
+                    "applies only to the `sentinel` Redis type",
+                );
             }
             vars.auth
         };
@@ -125,7 +130,10 @@ impl Mapper<'_> {
             }
             for name in &url_variables[1..] {
                 if self.is_set(name) {
-                    self.warn(name, "has no effect without its URL variable; the URL flag applies");
+                    self.warn(
+                        name,
+                        "has no effect without its URL variable; the URL flag applies",
+                    );
                 }
             }
             return Ok(());
@@ -140,14 +148,15 @@ impl Mapper<'_> {
         let master = master.filter(|_| self.claim(settings.sentinel_master, &[vars.kind]));
         if settings.url == REDIS_URL {
             args.redis_url = urls;
-            args.topology.redis_sentinel_master = master.or(args.topology.redis_sentinel_master.take());
+            args.topology.redis_sentinel_master =
+                master.or(args.topology.redis_sentinel_master.take());
             if master_auth {
                 args.topology.redis_master_auth = auth;
             }
         } else {
             args.topology.per_second_redis_url = urls;
-            args.topology.per_second_redis_sentinel_master = master
-                .or(args.topology.per_second_redis_sentinel_master.take());
+            args.topology.per_second_redis_sentinel_master =
+                master.or(args.topology.per_second_redis_sentinel_master.take());
             if master_auth {
                 args.topology.per_second_redis_master_auth = auth;
             }
@@ -293,7 +302,11 @@ impl Mapper<'_> {
             urls.push(url);
         }
         if urls.is_empty() {
-            let what = if sentinel { "no sentinel" } else { "no Redis node" };
+            let what = if sentinel {
+                "no sentinel"
+            } else {
+                "no Redis node"
+            };
             return Err(invalid(vars.url, format!("names {what}")));
         }
         if scheme_kept {

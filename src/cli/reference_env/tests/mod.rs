@@ -300,13 +300,19 @@ fn unusable_values_stop_startup_naming_the_variable() {
             &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "redis://a:1,b:2")][..],
             "REDIS_URL",
         ),
-        (&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m")], "REDIS_URL"),
+        (
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m")],
+            "REDIS_URL",
+        ),
         (
             &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,/run/s.sock")],
             "REDIS_SOCKET_TYPE",
         ),
         (
-            &[("REDIS_PERSECOND", "true"), ("REDIS_PERSECOND_TYPE", "ring")],
+            &[
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_TYPE", "ring"),
+            ],
             "REDIS_PERSECOND_TYPE",
         ),
         (&[("REDIS_PERSECOND", "true")], "REDIS_PERSECOND"),

@@ -180,8 +180,14 @@ fn sentinel_variables_name_the_master_the_sentinels_and_both_credentials() {
         Some("mymaster")
     );
     for url in &args.redis_url {
-        let info = url.as_str().into_connection_info().expect("redis-rs reads it");
-        assert!(matches!(info.addr(), ConnectionAddr::TcpTls { .. }), "{url:?}");
+        let info = url
+            .as_str()
+            .into_connection_info()
+            .expect("redis-rs reads it");
+        assert!(
+            matches!(info.addr(), ConnectionAddr::TcpTls { .. }),
+            "{url:?}"
+        );
         // The sentinels get a bare `AUTH <password>`, as in the reference.
         assert_eq!(info.redis_settings().username(), None);
         assert_eq!(info.redis_settings().password(), Some("s3ntinel"));
@@ -190,8 +196,16 @@ fn sentinel_variables_name_the_master_the_sentinels_and_both_credentials() {
     let node_auth = args.topology.redis_master_auth.as_ref().unwrap();
     assert_eq!(node_auth.as_str(), "app:n0de");
     assert!(report.unsupported.is_empty(), "{report:?}");
-    assert!(report.applied.contains(&("REDIS_AUTH", "--redis-master-auth")));
-    assert!(report.applied.contains(&("REDIS_TYPE", "--redis-sentinel-master")));
+    assert!(
+        report
+            .applied
+            .contains(&("REDIS_AUTH", "--redis-master-auth"))
+    );
+    assert!(
+        report
+            .applied
+            .contains(&("REDIS_TYPE", "--redis-sentinel-master"))
+    );
     assert!(!format!("{args:?}").contains("n0de"));
 
     // Outside Sentinel the sentinel password has nothing to do.
@@ -248,11 +262,19 @@ fn per_second_variables_describe_a_second_backend() {
     assert_eq!(args.topology.per_second_backend, None);
     assert_eq!(warned(&report), ["REDIS_PERSECOND_URL"]);
     let (args, report) = run(
-        &["--per-second-backend", "redis", "--per-second-redis-url", "redis://f:1"],
+        &[
+            "--per-second-backend",
+            "redis",
+            "--per-second-redis-url",
+            "redis://f:1",
+        ],
         &[("REDIS_PERSECOND", "true"), ("REDIS_PERSECOND_URL", "r:1")],
     )
     .unwrap();
-    assert_eq!(args.topology.per_second_redis_url[0].as_str(), "redis://f:1");
+    assert_eq!(
+        args.topology.per_second_redis_url[0].as_str(),
+        "redis://f:1"
+    );
     assert!(
         report
             .overridden

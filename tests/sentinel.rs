@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::redis::SentinelGroup;
 use common::{TestServer, descriptor, redis_options, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::backend::{BackendSettings, SentinelSettings};
 
 const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
@@ -134,4 +135,40 @@ async fn follows_a_manual_failover_while_the_old_master_still_runs() {
     // The demoted node refuses writes, so every booking since is on the new master.
     assert!(decide(&server, "last").await.expect("answered"));
     server.stop().await;
+}
+
+/// The reference's variables alone (`REDIS_TYPE=sentinel`, `REDIS_URL=master,host:port,...`)
+/// start the binary on the Sentinel group, booking on the master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_variables_alone_reach_the_master() {
+    common::away_from_an_hour_boundary().await;
+    let group = SentinelGroup::start_async().await;
+    let rules = common::config_dir(&[("api.yaml", RULES)]);
+    let sentinels: Vec<String> = group
+        .sentinel_urls()
+        .iter()
+        .map(|url| url.trim_start_matches("redis://").to_owned())
+        .collect();
+    let redis_url = format!("{},{}", group.name, sentinels.join(","));
+    let binary = common::Binary::start_with_env_only(&[
+        (
+            "FLOODGATE_CONFIG",
+            rules.path().to_str().expect("utf-8 path"),
+        ),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", &redis_url),
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", binary.grpc))
+        .await
+        .expect("client connects");
+    let response = client
+        .should_rate_limit(request("api", vec![descriptor(&[("user", "env")])]))
+        .await
+        .expect("answered");
+    assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    assert_eq!(keys(&group, 0), 1, "booked on the master");
 }

@@ -125,7 +125,7 @@ impl Mapper<'_> {
             if sentinel {
                 return Err(invalid(
                     vars.kind,
-                    "sentinel needs its URL variable: `master,host:port,...`",
+                    format!("Redis Sentinel needs {}=master,host:port,...", vars.url),
                 ));
             }
             for name in &url_variables[1..] {

@@ -114,6 +114,16 @@ impl Secrets {
         Secrets(secrets)
     }
 
+    /// These secrets and `secret`, a password given outside any URL.
+    pub fn and(mut self, secret: &str) -> Secrets {
+        if !secret.is_empty() {
+            self.0.push(secret.to_owned());
+            self.0.sort_by_key(|s| std::cmp::Reverse(s.len()));
+            self.0.dedup();
+        }
+        self
+    }
+
     /// `value` with every secret in its text replaced by [`MASK`].
     pub fn scrub<T: Scrub>(&self, value: T) -> T {
         value.map_text(|text| {

@@ -63,7 +63,7 @@ async fn a_reference_environment_serves_its_rules() {
         ("GRPC_HOST", "127.0.0.1"),
         ("LOG_LEVEL", "info"),
         ("USE_STATSD", "false"),
-        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", "fast:6379"),
     ]);
     assert!(server.grpc.ip().is_loopback() && server.http.ip().is_loopback());
     assert_ne!(server.grpc.port(), 0);
@@ -90,7 +90,7 @@ async fn a_reference_environment_serves_its_rules() {
 
     let warned = warnings_naming(&server, "REDIS_PERSECOND");
     assert_eq!(warned.len(), 1, "{:?}", server.log.lock().unwrap());
-    assert!(warned[0].contains("per-second"), "{}", warned[0]);
+    assert!(warned[0].contains("REDIS_PERSECOND=true"), "{}", warned[0]);
     for quiet in ["USE_STATSD", "RUNTIME_WATCH_ROOT", "LOG_LEVEL"] {
         assert!(warnings_naming(&server, quiet).is_empty(), "{quiet}");
     }

@@ -7,6 +7,7 @@
 pub mod deferred;
 pub mod keys;
 pub mod memory;
+pub mod per_second;
 pub mod redis;
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 pub use keys::BucketKey;
-pub use redis::{ClusterBackend, RedisBackend, RedisOptions};
+pub use redis::{ClusterBackend, RedisBackend, RedisOptions, SentinelSettings};
 
 use crate::redact::{self, Scrub};
 use crate::rules::Policy;
@@ -353,6 +354,21 @@ pub enum BackendSettings {
         /// Timeout, key prefix, TLS (the pool size does not apply).
         options: RedisOptions,
     },
+    /// The master of a Redis Sentinel group, run as the one-node backend.
+    Sentinel {
+        /// The master's name, the sentinels and the data nodes' credentials.
+        sentinel: SentinelSettings,
+        /// Pool, timeout, key prefix, TLS files.
+        options: RedisOptions,
+    },
+    /// Rules whose unit is `second` in one backend, every other rule in another
+    /// (the reference's `REDIS_PERSECOND`).
+    PerSecond {
+        /// Every rule whose unit is not `second`.
+        main: Box<BackendSettings>,
+        /// Rules whose unit is `second`.
+        per_second: Box<BackendSettings>,
+    },
 }
 
 impl std::fmt::Debug for BackendSettings {
@@ -376,6 +392,16 @@ impl std::fmt::Debug for BackendSettings {
                 )
                 .field("options", options)
                 .finish(),
+            BackendSettings::Sentinel { sentinel, options } => f
+                .debug_struct("Sentinel")
+                .field("sentinel", sentinel)
+                .field("options", options)
+                .finish(),
+            BackendSettings::PerSecond { main, per_second } => f
+                .debug_struct("PerSecond")
+                .field("main", main)
+                .field("per_second", per_second)
+                .finish(),
         }
     }
 }
@@ -384,6 +410,9 @@ impl std::fmt::Debug for BackendSettings {
 /// invalid URL or option) stop startup; any other failure (unreachable, refused login,
 /// CLUSTERDOWN) starts the service NOT_SERVING with a backend that keeps connecting in the
 /// background and logs why each attempt failed (see `deferred`).
+///
+/// A split per-second setup connects each of its two backends this way, on its own: one
+/// unreachable Redis leaves the other serving its rules.
 ///
 /// # Errors
 /// `BackendError::Config` from `RedisBackend::connect` or `ClusterBackend::connect`.
@@ -427,6 +456,29 @@ fn connector(settings: &BackendSettings) -> (&'static str, deferred::Connect) {
                 Box::pin(async move {
                     let backend = ClusterBackend::connect(&urls, options).await?;
                     Ok(Arc::new(backend) as Arc<dyn Backend>)
+                })
+            }),
+        ),
+        BackendSettings::Sentinel { sentinel, options } => (
+            "redis-sentinel",
+            Box::new(move || {
+                let (sentinel, options) = (sentinel.clone(), options.clone());
+                Box::pin(async move {
+                    let backend = RedisBackend::connect_sentinel(&sentinel, options).await?;
+                    Ok(Arc::new(backend) as Arc<dyn Backend>)
+                })
+            }),
+        ),
+        BackendSettings::PerSecond { main, per_second } => (
+            "per-second-split",
+            Box::new(move || {
+                let (main, per_second) = (main.clone(), per_second.clone());
+                Box::pin(async move {
+                    // Each side deferred on its own when unreachable; only `Config` fails.
+                    let main = Box::pin(connect(&main)).await?;
+                    let per_second = Box::pin(connect(&per_second)).await?;
+                    Ok(Arc::new(per_second::PerSecondSplit::new(main, per_second))
+                        as Arc<dyn Backend>)
                 })
             }),
         ),

@@ -28,6 +28,7 @@ pub mod duration;
 mod plaintext;
 pub mod reference_env;
 mod statsd_args;
+mod topology_args;
 mod tracing_args;
 mod xds_args;
 
@@ -35,6 +36,7 @@ pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, RedisScripting, ResponseHeaders};
 pub use duration::GoDuration;
 pub use statsd_args::StatsdArgs;
+pub use topology_args::TopologyArgs;
 pub use tracing_args::TracingArgs;
 pub use xds_args::{ConfigSource, XdsArgs};
 
@@ -354,6 +356,9 @@ pub struct ServeArgs {
     /// StatsD / DogStatsD export.
     #[command(flatten)]
     pub statsd: StatsdArgs,
+    /// Redis Sentinel and a second backend for per-second rules.
+    #[command(flatten)]
+    pub topology: TopologyArgs,
 }
 
 impl ServeArgs {
@@ -362,7 +367,24 @@ impl ServeArgs {
     /// # Errors
     /// The first invalid setting, with URLs redacted.
     pub fn check(&self) -> Result<(), String> {
-        self.redis_url.iter().try_for_each(RedisUrl::check)
+        self.main_backend().check()?;
+        self.topology.check_per_second()
+    }
+
+    /// The main backend as the flags describe it.
+    fn main_backend(&self) -> topology_args::BackendFlags<'_> {
+        topology_args::BackendFlags {
+            kind: self.backend,
+            urls: &self.redis_url,
+            sentinel_master: self.topology.redis_sentinel_master.as_deref(),
+            master_auth: self.topology.redis_master_auth.as_ref(),
+            names: [
+                "--backend",
+                "--redis-url",
+                "--redis-sentinel-master",
+                "--redis-master-auth",
+            ],
+        }
     }
 
     /// Rejects TLS settings that a plaintext scheme would ignore (see `plaintext`); run
@@ -398,25 +420,20 @@ impl ServeArgs {
             tls_client: self.redis_client_identity()?,
             scripting: self.redis_scripting.into(),
         };
-        let backend = match self.backend {
-            BackendKind::Memory => BackendSettings::Memory {
-                max_buckets: self.memory_max_buckets,
-            },
-            BackendKind::Redis => BackendSettings::Redis {
-                url: self
-                    .redis_url
-                    .first()
-                    .map(|url| url.as_str().to_owned())
-                    .unwrap_or_default(),
-                options,
-            },
-            BackendKind::RedisCluster => BackendSettings::Cluster {
-                urls: self
-                    .redis_url
-                    .iter()
-                    .map(|url| url.as_str().to_owned())
-                    .collect(),
-                options,
+        let main = self
+            .main_backend()
+            .settings(options.clone(), self.memory_max_buckets);
+        let backend = match self.topology.per_second() {
+            None => main,
+            Some(flags) => BackendSettings::PerSecond {
+                main: Box::new(main),
+                per_second: Box::new(flags.settings(
+                    RedisOptions {
+                        pool_size: self.topology.per_second_redis_pool_size,
+                        ..options
+                    },
+                    self.memory_max_buckets,
+                )),
             },
         };
         Ok(Settings {

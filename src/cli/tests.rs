@@ -91,6 +91,24 @@ fn bad_values_are_rejected() {
         &["--redis-pool-size", "0"],
         &["--backend-timeout-ms", "0"],
         &["--memory-max-buckets", "0"],
+        &["--backend", "redis-cluster", "--redis-sentinel-master", "m"],
+        &["--backend", "redis", "--redis-master-auth", "pw"],
+        &[
+            "--backend",
+            "redis",
+            "--redis-sentinel-master",
+            "m",
+            "--redis-url",
+            "unix:///s",
+        ],
+        &["--per-second-redis-url", "redis://f:1"],
+        &["--per-second-backend", "redis"],
+        &[
+            "--per-second-backend",
+            "redis",
+            "--per-second-redis-url",
+            "http://f",
+        ],
         &["check-config"],
         &["--config", "x", "check-config", "y"],
     ] {
@@ -115,7 +133,7 @@ fn every_serve_flag_has_its_env_var() {
         .get_arguments()
         .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
         .collect();
-    assert_eq!(flags.len(), 64);
+    assert_eq!(flags.len(), 71);
     for arg in flags {
         let long = arg.get_long().unwrap();
         let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

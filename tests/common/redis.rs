@@ -71,6 +71,8 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// Serves TLS only (on `port`), so readiness is a TCP connect rather than a PING.
     tls_only: bool,
+    /// A config file given before every other argument (a sentinel needs one it may rewrite).
+    config_file: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -87,6 +89,34 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             tls_only: false,
+            config_file: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts a sentinel (`redis-server sentinel.conf --sentinel`) that monitors `master`
+    /// (on 127.0.0.1 at `master_port`) with quorum 2, calls a master down after 1 s of
+    /// silence and gives a failover 3 s.
+    pub fn start_sentinel(master: &str, master_port: u16) -> RedisServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_file = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config_file,
+            format!(
+                "sentinel monitor {master} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {master} 1000\n\
+                 sentinel failover-timeout {master} 3000\n"
+            ),
+        )
+        .expect("sentinel.conf");
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            dir,
+            extra: vec!["--sentinel".into()],
+            tls_only: false,
+            config_file: Some(config_file),
         };
         server.spawn();
         server
@@ -120,6 +150,7 @@ impl RedisServer {
                 "yes".into(),
             ],
             tls_only: true,
+            config_file: None,
         };
         server.spawn();
         server
@@ -141,6 +172,7 @@ impl RedisServer {
             .open(self.log_path())
             .expect("log file");
         let child = Command::new("redis-server")
+            .args(&self.config_file)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -423,5 +455,104 @@ impl RedisCluster {
             .iter()
             .map(|n| n.cli(&["DBSIZE"]).parse::<u64>().expect("dbsize"))
             .sum()
+    }
+}
+
+/// A Redis Sentinel group: a master, one replica and three sentinels (quorum 2).
+pub struct SentinelGroup {
+    /// The master's name the sentinels know.
+    pub name: &'static str,
+    /// The master at start, then its replica.
+    nodes: Vec<RedisServer>,
+    sentinels: Vec<RedisServer>,
+}
+
+impl SentinelGroup {
+    /// [`SentinelGroup::start`] from async code (it blocks while the group forms).
+    pub async fn start_async() -> SentinelGroup {
+        tokio::task::spawn_blocking(SentinelGroup::start)
+            .await
+            .expect("sentinel group start")
+    }
+
+    /// Starts the master, its replica (in sync) and three sentinels, and waits until every
+    /// sentinel sees the replica and the two other sentinels, so that a failover can happen.
+    pub fn start() -> SentinelGroup {
+        let name = "mymaster";
+        let master = RedisServer::start();
+        let port = master.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        wait_until("the replica in sync", START_TIMEOUT, || {
+            replica
+                .info_field("replication", "master_link_status")
+                .as_deref()
+                == Some("up")
+        });
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_sentinel(name, master.port()))
+            .collect();
+        wait_until(
+            "sentinels that know each other and the replica",
+            CLUSTER_TIMEOUT,
+            || {
+                sentinels.iter().all(|sentinel| {
+                    let fields = sentinel.cli(&["SENTINEL", "MASTER", name]);
+                    let lines: Vec<&str> = fields.lines().collect();
+                    let field = |key: &str| {
+                        lines
+                            .iter()
+                            .position(|line| *line == key)
+                            .and_then(|i| lines.get(i + 1))
+                            .map(|value| value.to_string())
+                    };
+                    field("num-slaves").as_deref() == Some("1")
+                        && field("num-other-sentinels").as_deref() == Some("2")
+                })
+            },
+        );
+        SentinelGroup {
+            name,
+            nodes: vec![master, replica],
+            sentinels,
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>` of every sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// The data nodes: the first master, then the replica.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Mutable access to a data node, to kill it.
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// A sentinel, e.g. to ask for a manual failover.
+    pub fn sentinel(&self, index: usize) -> &RedisServer {
+        &self.sentinels[index]
+    }
+
+    /// The index of the running node that the sentinels name master and that says so itself
+    /// (polls, bounded: after a failover the role changes a moment before the sentinels agree).
+    pub fn master_index(&self) -> usize {
+        let mut found = None;
+        wait_until("a master named by a sentinel", CLUSTER_TIMEOUT, || {
+            found = self.sentinels.iter().find_map(|sentinel| {
+                let addr = sentinel.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name]);
+                let port: u16 = addr.lines().nth(1)?.trim().parse().ok()?;
+                self.nodes.iter().position(|node| {
+                    node.port() == port
+                        && node.is_running()
+                        && node.info_field("replication", "role").as_deref() == Some("master")
+                })
+            });
+            found.is_some()
+        });
+        found.expect("a master")
     }
 }

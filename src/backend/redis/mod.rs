@@ -12,10 +12,12 @@ use crate::redact::REDACTED;
 
 pub mod cluster;
 pub mod scripts;
+pub mod sentinel;
 pub mod single;
 
 pub use cluster::ClusterBackend;
 pub use scripts::Scripting;
+pub use sentinel::{NodeAuth, SentinelSettings};
 pub use single::RedisBackend;
 
 /// Default number of connections (sockets) to one Redis node. Calls share sockets, and fewer

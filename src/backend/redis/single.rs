@@ -27,6 +27,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
 use super::scripts::{self, BatchCall, Call, ScriptSet, Scripting, Via};
+use super::sentinel::{Master, SentinelSettings};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
 use batch::{Backlog, Job};
@@ -41,6 +42,8 @@ const STALLED_AFTER: Duration = Duration::from_secs(2);
 struct Link {
     conn: MultiplexedConnection,
     health: Arc<LinkHealth>,
+    /// The Sentinel epoch it was made under (always 0 for a fixed node).
+    epoch: u64,
 }
 
 /// Whether a connection failed, and when it last answered.
@@ -82,9 +85,27 @@ impl LinkHealth {
     }
 }
 
+/// Where the pool's connections go.
+enum Target {
+    /// One fixed node.
+    Node(redis::Client),
+    /// Whichever node the sentinels name master when a connection is made.
+    Sentinel(Master),
+}
+
+impl Target {
+    /// Whether a connection made under `epoch` may still point at the master.
+    fn is_current(&self, epoch: u64) -> bool {
+        match self {
+            Target::Node(_) => true,
+            Target::Sentinel(master) => master.epoch() == epoch,
+        }
+    }
+}
+
 /// Opens multiplexed connections and tells bb8 which ones failed.
 struct LinkManager {
-    client: redis::Client,
+    target: Target,
     config: AsyncConnectionConfig,
     /// Why the latest connect failed (cleared by a success): bb8 only reports a timeout to
     /// a caller waiting for a connection, and "refused" or "authentication failed" is what
@@ -97,22 +118,39 @@ impl bb8::ManageConnection for LinkManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Link, RedisError> {
-        let result = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await;
+        let (result, epoch) = match &self.target {
+            Target::Node(client) => (
+                client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await,
+                0,
+            ),
+            Target::Sentinel(master) => {
+                let epoch = master.epoch();
+                let result = match master.client().await {
+                    Ok(client) => {
+                        client
+                            .get_multiplexed_async_connection_with_config(&self.config)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                (result, epoch)
+            }
+        };
         *self.last_error.lock() = result.as_ref().err().cloned();
         let health = Arc::new(LinkHealth::default());
         health.answered();
         Ok(Link {
             conn: result?,
             health,
+            epoch,
         })
     }
 
     // The flag, not a PING: a checkout costs no round trip.
     async fn is_valid(&self, link: &mut Link) -> Result<(), RedisError> {
-        if link.health.is_broken() {
+        if self.has_broken(link) {
             return Err(RedisError::from((
                 ErrorKind::Io,
                 "connection failed earlier",
@@ -122,7 +160,7 @@ impl bb8::ManageConnection for LinkManager {
     }
 
     fn has_broken(&self, link: &mut Link) -> bool {
-        link.health.is_broken()
+        link.health.is_broken() || !self.target.is_current(link.epoch)
     }
 }
 
@@ -162,21 +200,37 @@ impl Borrowed {
                 Err(BackendError::Timeout)
             }
             Ok(Err(e)) => {
-                if e.is_io_error() || e.is_unrecoverable_error() {
+                if e.is_io_error() || e.is_unrecoverable_error() || is_readonly(&e) {
                     self.health.broken.store(true, Ordering::Relaxed);
                 }
                 Err(scripts::classify(&e))
             }
             Ok(Ok(values)) => {
                 self.health.answered();
+                // A demoted master answers writes with READONLY: the next connection asks
+                // the sentinels again (for a fixed node it is the same node, harmlessly).
+                if values.iter().any(|value| match value {
+                    Value::ServerError(error) => error.code() == "READONLY",
+                    _ => false,
+                }) {
+                    self.health.broken.store(true, Ordering::Relaxed);
+                }
                 Ok(values)
             }
         }
     }
 }
 
-/// Rate limits in one Redis node (docs/backends.md#redis).
+/// Whether `error` is a demoted master's refusal to write.
+fn is_readonly(error: &RedisError) -> bool {
+    error.code() == Some("READONLY")
+}
+
+/// Rate limits in one Redis node (docs/backends.md#redis), fixed or found through Redis
+/// Sentinel.
 pub struct RedisBackend {
+    /// `redis`, or `redis-sentinel` when Sentinel names the node.
+    name: &'static str,
     node: Arc<Node>,
     /// Requests waiting for the batcher (see `batch`).
     queue: mpsc::UnboundedSender<Job>,
@@ -234,11 +288,39 @@ impl RedisBackend {
         };
         let client = client
             .map_err(|e| secrets.scrub(BackendError::Config(format!("invalid Redis URL: {e}"))))?;
+        RedisBackend::start("redis", Target::Node(client), options, scripts, secrets).await
+    }
+
+    /// Connects to the master that the sentinels of `settings` name, as `connect` does to a
+    /// fixed node; afterwards every new connection asks them again (see `super::sentinel`).
+    ///
+    /// # Errors
+    /// As for `connect`; `Unavailable` also when no sentinel names a reachable master.
+    pub async fn connect_sentinel(
+        settings: &SentinelSettings,
+        options: RedisOptions,
+    ) -> Result<RedisBackend, BackendError> {
+        options.validate()?;
+        let master = Master::new(settings, &options)?;
+        let target = Target::Sentinel(master);
+        let secrets = settings.secrets();
+        RedisBackend::start("redis-sentinel", target, options, ScriptSet::new(), secrets).await
+    }
+
+    /// Opens the first connection to `target` (so a refused login or port is reported as
+    /// such), then starts the pool and the batcher.
+    async fn start(
+        name: &'static str,
+        target: Target,
+        options: RedisOptions,
+        scripts: ScriptSet,
+        secrets: Secrets,
+    ) -> Result<RedisBackend, BackendError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.timeout))
             .set_response_timeout(None);
         let manager = LinkManager {
-            client,
+            target,
             config,
             last_error: Arc::default(),
         };
@@ -276,6 +358,7 @@ impl RedisBackend {
         let backlog = Arc::new(Backlog::default());
         tokio::spawn(batch::run(Arc::clone(&node), Arc::clone(&backlog), jobs));
         Ok(RedisBackend {
+            name,
             node,
             queue,
             backlog,
@@ -462,7 +545,7 @@ impl Backend for RedisBackend {
     }
 
     fn name(&self) -> &'static str {
-        "redis"
+        self.name
     }
 }
 

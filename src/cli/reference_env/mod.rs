@@ -8,7 +8,7 @@
 //! even parsed, and is logged as overridden.
 //!
 //! A set reference variable is never ignored silently. A value floodgate cannot honour
-//! without answering clients differently (a Sentinel or memcache backend, a malformed value)
+//! without answering clients differently (a memcache backend, a malformed value)
 //! stops startup; anything else it cannot honour is logged as a warning, one line per
 //! variable. An empty value counts as unset, as templated manifests often render one.
 //!
@@ -177,6 +177,13 @@ const GRPC_MAX_CONNECTION_AGE_GRACE: Setting = setting("--grpc-max-connection-ag
 const REDIS_TLS_CLIENT_CERT: Setting = setting("--redis-tls-client-cert");
 const REDIS_TLS_CLIENT_KEY: Setting = setting("--redis-tls-client-key");
 const REDIS_CA_FILE: Setting = setting("--redis-ca-file");
+const REDIS_SENTINEL_MASTER: Setting = setting("--redis-sentinel-master");
+const REDIS_MASTER_AUTH: Setting = setting("--redis-master-auth");
+const PER_SECOND_BACKEND: Setting = setting("--per-second-backend");
+const PER_SECOND_REDIS_URL: Setting = setting("--per-second-redis-url");
+const PER_SECOND_REDIS_POOL_SIZE: Setting = setting("--per-second-redis-pool-size");
+const PER_SECOND_REDIS_SENTINEL_MASTER: Setting = setting("--per-second-redis-sentinel-master");
+const PER_SECOND_REDIS_MASTER_AUTH: Setting = setting("--per-second-redis-master-auth");
 
 /// The reference variables of the gRPC listener's TLS, with the setting each stands in for;
 /// they apply only with `GRPC_SERVER_USE_TLS=true`, as in the reference.
@@ -254,13 +261,14 @@ const ASSUMED_BYTES_PER_CACHE_ENTRY: u64 = 100;
 
 /// The reference variables that describe a Redis connection; any of them (or `BACKEND_TYPE`)
 /// moves floodgate off its memory default, as the reference's own default backend is Redis.
-const REDIS_VARIABLES: [&str; 6] = [
+const REDIS_VARIABLES: [&str; 7] = [
     "REDIS_URL",
     "REDIS_TYPE",
     "REDIS_AUTH",
     "REDIS_TLS",
     "REDIS_SOCKET_TYPE",
     "REDIS_POOL_SIZE",
+    "REDIS_SENTINEL_AUTH",
 ];
 
 /// Applies the reference variables of `env` to `args`, for every setting that `matches`
@@ -268,8 +276,7 @@ const REDIS_VARIABLES: [&str; 6] = [
 ///
 /// # Errors
 /// A variable floodgate would apply has a malformed value, or asks for something floodgate
-/// cannot do without answering clients differently (`REDIS_TYPE=sentinel`,
-/// `BACKEND_TYPE=memcache`).
+/// cannot do without answering clients differently (`BACKEND_TYPE=memcache`).
 pub fn apply(
     args: &mut ServeArgs,
     matches: &ArgMatches,
@@ -287,6 +294,7 @@ pub fn apply(
     mapper.logging(args)?;
     mapper.limiter(args)?;
     mapper.backend(args)?;
+    mapper.per_second(args)?;
     mapper.xds(args)?;
     mapper.tracing(args)?;
     mapper.statsd(args)?;

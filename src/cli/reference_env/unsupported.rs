@@ -65,7 +65,6 @@ fn when_true(value: &str) -> bool {
 }
 
 const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
-const NO_PER_SECOND_REDIS: &str = "no separate per-second Redis; every limit uses one backend";
 const LEGACY_HEADER_NAMES: &str =
     "the legacy headers are always RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset";
 
@@ -164,9 +163,16 @@ const UNSUPPORTED: &[Ignored] = &[
         |v| v == "0",
         "the descriptors of one request are always pipelined",
     ),
-    exact("REDIS_PERSECOND", when_false, NO_PER_SECOND_REDIS),
-    family("REDIS_PERSECOND_", NO_PER_SECOND_REDIS),
-    family("REDIS_SENTINEL", "Redis Sentinel is not supported"),
+    exact(
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        |v| v == "0" || v == "0s",
+        "the descriptors of one request are always pipelined",
+    ),
+    exact(
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        |v| v == "0",
+        "the descriptors of one request are always pipelined",
+    ),
     exact(
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
         when_true,
@@ -180,7 +186,7 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 64] = [
+    const MAPPED: [&str; 73] = [
         "USE_STATSD",
         "USE_DOG_STATSD",
         "STATSD_HOST",
@@ -239,6 +245,15 @@ mod tests {
         "REDIS_TLS",
         "REDIS_SOCKET_TYPE",
         "REDIS_POOL_SIZE",
+        "REDIS_SENTINEL_AUTH",
+        "REDIS_PERSECOND",
+        "REDIS_PERSECOND_URL",
+        "REDIS_PERSECOND_TYPE",
+        "REDIS_PERSECOND_AUTH",
+        "REDIS_PERSECOND_TLS",
+        "REDIS_PERSECOND_SOCKET_TYPE",
+        "REDIS_PERSECOND_SENTINEL_AUTH",
+        "REDIS_PERSECOND_POOL_SIZE",
         "SHADOW_MODE",
         "LIMIT_RESPONSE_HEADERS_ENABLED",
         "LOCAL_CACHE_SIZE_IN_BYTES",

@@ -290,14 +290,38 @@ fn unusable_values_stop_startup_naming_the_variable() {
             "{shown}"
         );
     }
-    let sentinel = error(&[("REDIS_TYPE", "Sentinel"), ("REDIS_URL", "m,s1:26379")]);
-    assert!(sentinel.to_string().contains("Sentinel"), "{sentinel}");
-    // The URL of a Sentinel setup is no list of seeds, even when the backend is given.
+    // A Sentinel URL is `master,sentinel:port,...`: never a list of seeds or nodes.
     let given = run(
-        &["--backend", "redis"],
+        &["--backend", "redis-cluster"],
         &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s1:26379")],
     );
     assert_eq!(given.unwrap_err().variable, "REDIS_TYPE");
+    for (vars, variable) in [
+        (
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "redis://a:1,b:2")][..],
+            "REDIS_URL",
+        ),
+        (
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m")],
+            "REDIS_URL",
+        ),
+        (
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,/run/s.sock")],
+            "REDIS_SOCKET_TYPE",
+        ),
+        (
+            &[
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_TYPE", "ring"),
+            ],
+            "REDIS_PERSECOND_TYPE",
+        ),
+        (&[("REDIS_PERSECOND", "true")], "REDIS_PERSECOND"),
+    ] {
+        assert_eq!(error(vars).variable, variable, "{vars:?}");
+    }
+    let memcache = error(&[("BACKEND_TYPE", "memcache")]).to_string();
+    assert!(memcache.contains("atomically"), "{memcache}");
 }
 
 #[test]
@@ -431,9 +455,7 @@ fn unsupported_variables_are_reported_by_name() {
     assert!(mapped(&quiet).1.unsupported.is_empty());
     let loud = [
         ("USE_DOG_STATSD_MOGRIFIERS", "TAG"),
-        ("REDIS_PERSECOND", "true"),
-        ("REDIS_PERSECOND_URL", "r:1"),
-        ("REDIS_SENTINEL_AUTH", "x"),
+        ("REDIS_PERSECOND_PIPELINE_WINDOW", "1ms"),
         ("MEMCACHE_HOST_PORT", "m:11211"),
         ("DEBUG_PORT", "6070"),
         ("GRPC_UDS", "/run/rl.sock"),

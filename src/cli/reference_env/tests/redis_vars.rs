@@ -164,3 +164,120 @@ fn redis_tls_files_apply_to_a_redis_backend() {
             .contains(&("REDIS_TLS_CACERT", "--backend"))
     );
 }
+
+#[test]
+fn sentinel_variables_name_the_master_the_sentinels_and_both_credentials() {
+    let (args, report) = mapped(&[
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", "mymaster, s1:26379,s2:26379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_SENTINEL_AUTH", "s3ntinel"),
+        ("REDIS_AUTH", "app:n0de"),
+    ]);
+    assert_eq!(args.backend, BackendKind::Redis);
+    assert_eq!(
+        args.topology.redis_sentinel_master.as_deref(),
+        Some("mymaster")
+    );
+    for url in &args.redis_url {
+        let info = url
+            .as_str()
+            .into_connection_info()
+            .expect("redis-rs reads it");
+        assert!(
+            matches!(info.addr(), ConnectionAddr::TcpTls { .. }),
+            "{url:?}"
+        );
+        // The sentinels get a bare `AUTH <password>`, as in the reference.
+        assert_eq!(info.redis_settings().username(), None);
+        assert_eq!(info.redis_settings().password(), Some("s3ntinel"));
+    }
+    assert_eq!(args.redis_url.len(), 2);
+    let node_auth = args.topology.redis_master_auth.as_ref().unwrap();
+    assert_eq!(node_auth.as_str(), "app:n0de");
+    assert!(report.unsupported.is_empty(), "{report:?}");
+    assert!(
+        report
+            .applied
+            .contains(&("REDIS_AUTH", "--redis-master-auth"))
+    );
+    assert!(
+        report
+            .applied
+            .contains(&("REDIS_TYPE", "--redis-sentinel-master"))
+    );
+    assert!(!format!("{args:?}").contains("n0de"));
+
+    // Outside Sentinel the sentinel password has nothing to do.
+    let (_, report) = mapped(&[("REDIS_URL", "r:1"), ("REDIS_SENTINEL_AUTH", "x")]);
+    assert_eq!(warned(&report), ["REDIS_SENTINEL_AUTH"]);
+}
+
+#[test]
+fn per_second_variables_describe_a_second_backend() {
+    let (args, report) = mapped(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_TYPE", "cluster"),
+        ("REDIS_PERSECOND_URL", "a:7000,b:7001"),
+        ("REDIS_PERSECOND_AUTH", "pw"),
+        ("REDIS_PERSECOND_POOL_SIZE", "7"),
+    ]);
+    assert_eq!(args.backend, BackendKind::Redis);
+    assert_eq!(urls(&args), ["redis://main:6379"]);
+    assert_eq!(
+        args.topology.per_second_backend,
+        Some(BackendKind::RedisCluster)
+    );
+    let fast: Vec<_> = args
+        .topology
+        .per_second_redis_url
+        .iter()
+        .map(RedisUrl::as_str)
+        .collect();
+    assert_eq!(fast, ["redis://:pw@a:7000", "redis://:pw@b:7001"]);
+    assert_eq!(args.topology.per_second_redis_pool_size, 7);
+    assert_eq!(warned(&report), ["REDIS_PERSECOND_POOL_SIZE"]);
+    assert!(args.check().is_ok());
+
+    let (args, _) = mapped(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "1"),
+        ("REDIS_PERSECOND_TYPE", "SENTINEL"),
+        ("REDIS_PERSECOND_URL", "fast,s:26379"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH", "sp"),
+    ]);
+    assert_eq!(args.topology.per_second_backend, Some(BackendKind::Redis));
+    assert_eq!(
+        args.topology.per_second_redis_sentinel_master.as_deref(),
+        Some("fast")
+    );
+    assert_eq!(
+        args.topology.per_second_redis_url[0].as_str(),
+        "redis://:sp@s:26379"
+    );
+
+    // Off, the details are reported; given by flag, the variables are overridden.
+    let (args, report) = mapped(&[("REDIS_PERSECOND_URL", "r:1")]);
+    assert_eq!(args.topology.per_second_backend, None);
+    assert_eq!(warned(&report), ["REDIS_PERSECOND_URL"]);
+    let (args, report) = run(
+        &[
+            "--per-second-backend",
+            "redis",
+            "--per-second-redis-url",
+            "redis://f:1",
+        ],
+        &[("REDIS_PERSECOND", "true"), ("REDIS_PERSECOND_URL", "r:1")],
+    )
+    .unwrap();
+    assert_eq!(
+        args.topology.per_second_redis_url[0].as_str(),
+        "redis://f:1"
+    );
+    assert!(
+        report
+            .overridden
+            .contains(&("REDIS_PERSECOND_URL", "--per-second-backend"))
+    );
+}

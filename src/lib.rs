@@ -11,7 +11,8 @@
 //! - `xds`: rules from an xDS management server (Envoy Gateway's rate-limit config).
 //! - `reload`: config directory watch and SIGHUP reload.
 //! - `statsd`: StatsD / DogStatsD export of the metrics under the reference's names (off by default).
-//! - `listener`: the gRPC accept loop and its bounds (connections, streams, age, keepalive).
+//! - `listener`: the gRPC accept loop over TCP or a unix socket, and its bounds (connections,
+//!   streams, age, keepalive).
 //! - `tls`: gRPC server TLS / mTLS from files reloaded on change.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.

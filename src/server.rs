@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use crate::config::{self, ConfigErrors};
 use crate::headers::HeaderMode;
 use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions};
-use crate::listener::{self, GrpcLimits};
+use crate::listener::{self, GrpcLimits, UnixSocketListener};
 use crate::matcher::Matcher;
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::otel::TracingSettings;
@@ -42,7 +42,8 @@ const BACKEND_FAILURE_GRACE: Duration = Duration::from_secs(1);
 pub struct Settings {
     /// Directory of YAML domain files.
     pub config_dir: PathBuf,
-    /// Address for RLS + gRPC health (`host:port`; port 0 picks one).
+    /// Address for RLS + gRPC health (`host:port`; port 0 picks one), or `unix:PATH` for a
+    /// unix socket instead of TCP.
     pub grpc_addr: String,
     /// Address for admin HTTP.
     pub http_addr: String,
@@ -175,7 +176,7 @@ impl Server {
             tracing::info!("waiting for the first rules from the xDS server");
             client.first_update().await;
         }
-        let grpc_listener = bind(&settings.grpc_addr).await?;
+        let grpc_listener = GrpcListener::bind(&settings.grpc_addr).await?;
         let http_listener = bind(&settings.http_addr).await?;
         Ok(Server {
             settings,
@@ -188,11 +189,23 @@ impl Server {
         })
     }
 
-    /// The bound gRPC address.
-    pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc_listener
-            .local_addr()
-            .expect("bound listener has an address")
+    /// The bound gRPC TCP address; None on a unix socket.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        match &self.grpc_listener {
+            GrpcListener::Tcp(listener) => listener.local_addr().ok(),
+            GrpcListener::Unix(_) => None,
+        }
+    }
+
+    /// The bound gRPC address as the startup log shows it: `host:port`, or `unix:PATH`.
+    pub fn grpc_endpoint(&self) -> String {
+        match (&self.grpc_listener, self.grpc_addr()) {
+            (GrpcListener::Tcp(_), Some(addr)) => addr.to_string(),
+            (GrpcListener::Tcp(_), None) => self.settings.grpc_addr.clone(),
+            (GrpcListener::Unix(listener), _) => {
+                format!("{UNIX_PREFIX}{}", listener.path().display())
+            }
+        }
     }
 
     /// The bound admin HTTP address.
@@ -225,7 +238,7 @@ impl Server {
         health
             .check_once(self.backend.as_ref(), self.settings.limiter.backend_timeout)
             .await;
-        let (grpc_addr, http_addr) = (self.grpc_addr(), self.http_addr());
+        let (grpc_addr, http_addr) = (self.grpc_endpoint(), self.http_addr());
         tracing::info!(
             backend = self.backend.name(),
             ready = health.is_ready(),
@@ -281,13 +294,15 @@ impl Server {
             .tls
             .as_ref()
             .map(|tls| tokio::spawn(Arc::clone(tls).watch(tls::RELOAD_INTERVAL)));
-        let grpc = listener::serve(
-            self.grpc_listener,
-            routes,
-            self.tls.clone(),
-            self.settings.grpc_limits.clone(),
-            stop_rx_for_grpc,
-        );
+        let (tls, limits) = (self.tls.clone(), self.settings.grpc_limits.clone());
+        let mut grpc = match self.grpc_listener {
+            GrpcListener::Tcp(tcp) => {
+                tokio::spawn(listener::serve(tcp, routes, tls, limits, stop_rx_for_grpc))
+            }
+            GrpcListener::Unix(unix) => {
+                tokio::spawn(listener::serve(unix, routes, tls, limits, stop_rx_for_grpc))
+            }
+        };
         let admin = axum::serve(
             self.http_listener,
             admin::router(AdminState {
@@ -298,7 +313,6 @@ impl Server {
             }),
         )
         .with_graceful_shutdown(stopped());
-        let mut grpc = tokio::spawn(grpc);
         let mut admin = tokio::spawn(admin.into_future());
 
         let failed = tokio::select! {
@@ -340,6 +354,30 @@ impl Server {
                 Ok(())
             }
         }
+    }
+}
+
+/// How `Settings::grpc_addr` names a unix socket.
+pub const UNIX_PREFIX: &str = "unix:";
+
+/// Where gRPC is served: TCP, or a unix socket instead.
+enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(UnixSocketListener),
+}
+
+impl GrpcListener {
+    async fn bind(addr: &str) -> Result<GrpcListener, ServerError> {
+        let Some(path) = addr.strip_prefix(UNIX_PREFIX) else {
+            return bind(addr).await.map(GrpcListener::Tcp);
+        };
+        UnixSocketListener::bind(Path::new(path))
+            .await
+            .map(GrpcListener::Unix)
+            .map_err(|source| ServerError::Bind {
+                addr: addr.to_owned(),
+                source,
+            })
     }
 }
 

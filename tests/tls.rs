@@ -1,7 +1,7 @@
-//! TLS: the gRPC listener with TLS and mTLS (a required client SAN included), certificate
-//! rotation without a restart, Redis client certificates against a `redis-server` that
-//! requires them, and key material kept out of errors, logs and `/rlconfig`. Every
-//! certificate is made here by rcgen.
+//! TLS: the gRPC listener with TLS and mTLS (a required client SAN included, on TCP and on
+//! a unix socket), certificate rotation without a restart, Redis client certificates against
+//! a `redis-server` that requires them, and key material kept out of errors, logs and
+//! `/rlconfig`. Every certificate is made here by rcgen.
 
 mod common;
 
@@ -427,4 +427,56 @@ async fn silent_sockets_do_not_lock_tls_and_mtls_clients_out() {
         drop((raw, handshaken));
         server.stop().await;
     }
+}
+
+#[tokio::test]
+async fn tls_and_mtls_apply_on_a_unix_socket() {
+    let pki = Pki::new();
+    let client = pki.ca.issue(&["envoy.mesh"], Role::Client);
+    let socket = pki.dir.path().join("rls.sock");
+    let grpc_addr = format!("unix:{}", socket.display());
+    let files = pki.files(Some(&pki.ca_file), None);
+    let server = TestServer::start_with(&[("tls.yaml", CONFIG)], move |settings| {
+        settings.grpc_tls = Some(files);
+        settings.grpc_addr = grpc_addr;
+    })
+    .await;
+    let over_socket = |identity: Option<&Pair>| {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(pki.ca.pem()))
+            .domain_name("localhost");
+        if let Some(pair) = identity {
+            tls = tls.identity(Identity::from_pem(&pair.cert_pem, &pair.key_pem));
+        }
+        let endpoint = tonic::transport::Endpoint::from_static("https://localhost")
+            .tls_config(tls)
+            .unwrap();
+        common::unix_endpoint(endpoint, &socket, Default::default())
+    };
+    let channel = over_socket(Some(&client))
+        .await
+        .expect("mTLS over the socket");
+    let answer = RateLimitServiceClient::new(channel)
+        .should_rate_limit(request("tls", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect("answered");
+    assert_eq!(answer.into_inner().overall_code(), Code::Ok);
+    // Without a client certificate: refused, as on TCP.
+    let refused = match over_socket(None).await {
+        Err(_) => true,
+        Ok(channel) => RateLimitServiceClient::new(channel)
+            .should_rate_limit(request("tls", vec![descriptor(&[("k", "v")])]))
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a client without a certificate was answered");
+    // Plaintext over the socket gets no answer either.
+    let plain = common::unix_channel(&socket, Default::default()).await;
+    if let Ok(channel) = plain {
+        let result = RateLimitServiceClient::new(channel)
+            .should_rate_limit(request("tls", vec![descriptor(&[("k", "v")])]))
+            .await;
+        assert!(result.is_err(), "plaintext call answered");
+    }
+    server.stop().await;
 }

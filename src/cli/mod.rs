@@ -172,6 +172,10 @@ pub struct ServeArgs {
     /// gRPC listen address (RateLimitService and gRPC health); port 0 picks a free port.
     #[arg(long, env = "FLOODGATE_GRPC_ADDR", value_name = "ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
+    /// Serve gRPC on this unix socket instead of --grpc-addr (file mode 0666; a stale socket
+    /// file is replaced, and the file is removed at shutdown).
+    #[arg(long, env = "FLOODGATE_GRPC_UDS", value_name = "PATH")]
+    pub grpc_uds: Option<PathBuf>,
     /// Admin HTTP listen address; port 0 picks a free port.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR)]
     pub http_addr: SocketAddr,
@@ -438,7 +442,10 @@ impl ServeArgs {
         };
         Ok(Settings {
             config_dir: self.config.clone(),
-            grpc_addr: self.grpc_addr.to_string(),
+            grpc_addr: match &self.grpc_uds {
+                Some(path) => format!("{}{}", crate::server::UNIX_PREFIX, path.display()),
+                None => self.grpc_addr.to_string(),
+            },
             http_addr: self.http_addr.to_string(),
             backend,
             limiter: LimiterOptions {

@@ -27,9 +27,16 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+/// What `grpc` holds for a server on a unix socket, which has no TCP address.
+pub const NO_TCP_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+
 /// A running in-process server and what it needs to be reached and stopped.
 pub struct TestServer {
+    /// The gRPC TCP address; `0.0.0.0:0` on a unix socket (see `grpc_endpoint`).
     pub grpc: std::net::SocketAddr,
+    /// The gRPC address as logged: `host:port`, or `unix:PATH`.
+    pub grpc_endpoint: String,
     pub http: std::net::SocketAddr,
     pub config_dir: TempDir,
     stop: Option<oneshot::Sender<()>>,
@@ -98,13 +105,16 @@ impl TestServer {
         let mut settings = settings(config_dir.path());
         adjust(&mut settings);
         let server = Server::bind(settings).await.expect("server binds");
-        let (grpc, http) = (server.grpc_addr(), server.http_addr());
+        let grpc_endpoint = server.grpc_endpoint();
+        let grpc = server.grpc_addr().unwrap_or(NO_TCP_ADDR);
+        let http = server.http_addr();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.serve(async {
             let _ = stopped.await;
         }));
         TestServer {
             grpc,
+            grpc_endpoint,
             http,
             config_dir,
             stop: Some(stop),
@@ -216,7 +226,10 @@ pub fn serve_command() -> std::process::Command {
 /// from its log, as an operator (or a black-box test) would.
 pub struct Binary {
     pub child: std::process::Child,
+    /// The gRPC TCP address; `0.0.0.0:0` on a unix socket (see `grpc_endpoint`).
     pub grpc: std::net::SocketAddr,
+    /// The gRPC address as logged: `host:port`, or `unix:PATH`.
+    pub grpc_endpoint: String,
     pub http: std::net::SocketAddr,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -266,15 +279,21 @@ impl Binary {
         let line = rx
             .recv_timeout(Duration::from_secs(20))
             .unwrap_or_else(|_| panic!("no address line; log: {:?}", log.lock().unwrap()));
-        let addr = |name: &str| -> std::net::SocketAddr {
+        let field = |name: &str| -> String {
             let start = line.find(name).expect("field") + name.len();
             let rest = &line[start..];
             let end = rest.find([' ', '"']).unwrap_or(rest.len());
-            rest[..end].parse().expect("socket address")
+            rest[..end].to_owned()
+        };
+        let grpc_endpoint = field("grpc_addr=");
+        let grpc = match grpc_endpoint.strip_prefix("unix:") {
+            Some(_) => NO_TCP_ADDR,
+            None => grpc_endpoint.parse().expect("socket address"),
         };
         Binary {
-            grpc: addr("grpc_addr="),
-            http: addr("http_addr="),
+            grpc,
+            grpc_endpoint,
+            http: field("http_addr=").parse().expect("socket address"),
             child,
             log,
             reader: Some(reader),
@@ -320,4 +339,37 @@ impl Drop for Binary {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A gRPC channel over the unix socket at `path`, through a connector that counts the
+/// connections it opens in `connects`.
+pub async fn unix_channel(
+    path: &Path,
+    connects: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = tonic::transport::Endpoint::from_static("http://floodgate.sock");
+    unix_endpoint(endpoint, path, connects).await
+}
+
+/// Connects `endpoint` over the unix socket at `path` (its URI's host is only the TLS name),
+/// counting the connections it opens in `connects`.
+pub async fn unix_endpoint(
+    endpoint: tonic::transport::Endpoint,
+    path: &Path,
+    connects: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        connects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = path.clone();
+        async move {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect_with_connector(connector)
+        .await
 }

@@ -159,6 +159,7 @@ const fn setting(flag: &'static str) -> Setting {
 
 const CONFIG: Setting = setting("--config");
 const GRPC_ADDR: Setting = setting("--grpc-addr");
+const GRPC_UDS: Setting = setting("--grpc-uds");
 const HTTP_ADDR: Setting = setting("--http-addr");
 const BACKEND: Setting = setting("--backend");
 const REDIS_URL: Setting = setting("--redis-url");
@@ -370,6 +371,9 @@ impl Mapper<'_> {
         }
         if self.claim(GRPC_ADDR, &["GRPC_HOST", "GRPC_PORT"]) {
             args.grpc_addr = self.listen_addr("GRPC_HOST", "GRPC_PORT", REFERENCE_GRPC_PORT)?;
+        }
+        if self.claim(GRPC_UDS, &["GRPC_UDS"]) {
+            args.grpc_uds = self.get("GRPC_UDS").map(PathBuf::from);
         }
         Ok(())
     }

@@ -65,6 +65,7 @@ fn setting_ids_name_the_serve_arguments() {
     for setting in [
         CONFIG,
         GRPC_ADDR,
+        GRPC_UDS,
         HTTP_ADDR,
         BACKEND,
         REDIS_URL,
@@ -458,7 +459,6 @@ fn unsupported_variables_are_reported_by_name() {
         ("REDIS_PERSECOND_PIPELINE_WINDOW", "1ms"),
         ("MEMCACHE_HOST_PORT", "m:11211"),
         ("DEBUG_PORT", "6070"),
-        ("GRPC_UDS", "/run/rl.sock"),
         ("RUNTIME_IGNOREDOTFILES", "false"),
         ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "5s"),
         ("TRACING_SERVICE_NAME", "rl"),

@@ -8,6 +8,8 @@
 //! TLS handshake and then stay silent) thus cannot lock clients out, neither for the first
 //! call deadline nor at all, while connections that carry calls are never closed for it.
 //!
+//! Connections come from TCP or, instead, from a unix socket (`unix`), with the same bounds.
+//!
 //! tonic's own server has most of these knobs, but its connection age with a grace period
 //! closes the connection at age + grace without a GOAWAY at age, and it has no connection
 //! cap; so connections are accepted here and each is served by hyper directly with the
@@ -20,13 +22,17 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::admission::{ConnectionLoad, Stamped};
 use crate::tls::ReloadingAcceptor;
+
+mod unix;
+
+pub use unix::{SOCKET_MODE, UnixSocketListener};
 
 /// Default largest decoded gRPC message: far above any real rate-limit request (a few
 /// hundred bytes), far below tonic's 4 MiB.
@@ -98,11 +104,31 @@ impl Default for GrpcLimits {
     }
 }
 
+/// A source of gRPC connections: a TCP listener or a unix socket ([`UnixSocketListener`]).
+pub trait Listen: Send + 'static {
+    /// One accepted connection.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection, with the peer described for the log.
+    fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+}
+
+impl Listen for TcpListener {
+    type Stream = TcpStream;
+
+    async fn accept(&self) -> std::io::Result<(TcpStream, String)> {
+        let (tcp, peer) = TcpListener::accept(self).await?;
+        // Small unary calls: Nagle's delay would dominate their latency.
+        let _ = tcp.set_nodelay(true);
+        Ok((tcp, peer.to_string()))
+    }
+}
+
 /// Serves `routes` on connections from `listener` until `stop` turns true; then stops
 /// accepting, sends every connection a GOAWAY and returns once all have closed. Dropping
 /// the future closes every connection at once.
-pub async fn serve(
-    listener: TcpListener,
+pub async fn serve<L: Listen>(
+    listener: L,
     routes: tonic::service::Routes,
     tls: Option<Arc<ReloadingAcceptor>>,
     limits: GrpcLimits,
@@ -118,7 +144,7 @@ pub async fn serve(
             () = stopped(&mut stopping) => break,
             Some(_) = connections.join_next() => {}
             accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(accepted) => accepted,
                     Err(error) => {
                         tracing::warn!("gRPC accept failed: {error}");
@@ -134,12 +160,10 @@ pub async fn serve(
                         );
                     }
                     refusing = true;
-                    drop(tcp);
+                    drop(stream);
                     continue;
                 }
                 refusing = false;
-                // Small unary calls: Nagle's delay would dominate their latency.
-                let _ = tcp.set_nodelay(true);
                 let registered = open.register();
                 let connection = Connection {
                     routes: routes.clone(),
@@ -154,9 +178,9 @@ pub async fn serve(
                     // Leaves the registry whichever way the connection ends.
                     let _registered = registered;
                     match tls {
-                        None => connection.serve(tcp).await,
+                        None => connection.serve(stream).await,
                         Some(acceptor) => {
-                            let handshake = acceptor.accept(tcp);
+                            let handshake = acceptor.accept(stream);
                             let stream = tokio::select! {
                                 done = handshake => done,
                                 () = connection.silent_too_long() => {

@@ -32,8 +32,8 @@ A booking is live iff ts > now - W. The live count is the running total once the
 that have left the window are dropped: every call drops them first (adjusting the total),
 so each member is read once after it dies and the count costs O(1) amortized. Dropping
 them never changes an answer, so a peek or a denial that finds such bookings removes them
-(the only writes a peek or denial makes). A denial's wait walks the oldest live bookings
-until enough units leave: at most one member per unit of the excess.
+(the only writes a peek or denial makes). A denial's wait reads the live bookings from the
+nearer end of the log (see wait): at most min(excess, L - k + 1) members, 5,000 at most.
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 if L > 10000 then
@@ -89,30 +89,40 @@ local function until_newest_leaves()
   return math.max(newest_ts() + W - now, 0)
 end
 
--- R for a denied k: until enough of the oldest live units have left the window. Pages
--- of 64 by score (each after the last one read), so each page costs O(log N) and the
--- walk reads at most one member per unit of the excess: O(log N + k), not O(k^2).
+-- R for a denied k: until enough of the oldest live units have left the window, that is
+-- the wait for the oldest booking b such that the units booked after b add up to at most
+-- L - k. Walking from the oldest, b is found within `excess` members (each holds at least
+-- one unit); walking from the newest, within L - k + 1. One ZRANGE from the nearer end reads
+-- at most min(excess, L - k + 1) members, at most (L + 1) / 2 = 5,000: O(log N + that), and
+-- a cost near L (the costly case when walked from the oldest) reads a single member.
 local function wait(k)
   if k > L then
     return until_newest_leaves()
   end
   local excess = live + k - L
-  local left = 0
-  local after = '(0'
-  while true do
-    local batch = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 64)
-    if #batch == 0 then
-      -- Unreachable while the total is the sum of the bookings; stay well-defined.
-      return until_newest_leaves()
-    end
-    for i = 1, #batch, 2 do
-      left = left + units(batch[i])
+  local room = L - k
+  if excess <= room + 1 then
+    local oldest = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, excess)
+    local left = 0
+    for i = 1, #oldest, 2 do
+      left = left + units(oldest[i])
       if left >= excess then
-        return math.max(tonumber(batch[i + 1]) + W - now, 0)
+        return math.max(tonumber(oldest[i + 1]) + W - now, 0)
       end
     end
-    after = '(' .. batch[#batch]
+  else
+    local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(0', 'WITHSCORES', 'LIMIT', 0,
+      room + 1)
+    local after = 0
+    for i = 1, #newest, 2 do
+      after = after + units(newest[i])
+      if after > room then
+        return math.max(tonumber(newest[i + 1]) + W - now, 0)
+      end
+    end
   end
+  -- Unreachable while the total is the sum of the bookings; stay well-defined.
+  return until_newest_leaves()
 end
 
 -- Expiry: when the newest booking leaves the window, or the lock ends.

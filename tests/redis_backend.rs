@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer, wait_until};
 use floodgate::backend::{
-    Backend, BackendError, BucketKey, Charge, ClusterBackend, RedisBackend, RedisOptions, Refund,
+    Backend, BackendError, BucketKey, Charge, ClusterBackend, Group, Item, RedisBackend,
+    RedisOptions, Refund, Weight,
 };
 use floodgate::rules::{Algorithm, Policy, Unit};
 use tokio::time::Instant;
@@ -460,4 +461,127 @@ async fn connect_returns_with_every_connection_open_and_the_code_loaded() {
     );
     assert_eq!(server.calls_of("function|load"), 1, "the library is loaded");
     drop(backend);
+}
+
+/// Writes `entries` bookings of one unit, a ms apart and ending now (the server's clock),
+/// into the sliding log `key`, as lua/sliding_log.lua stores them ("<ts>:<count>" scored
+/// ts, and the total scored minus the sum): the worst case for a denial's wait, which reads
+/// member by member.
+fn fill_log(server: &RedisServer, key: &str, entries: u64) {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let first = now_ms - entries;
+    for chunk in (first..now_ms).collect::<Vec<_>>().chunks(1000) {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(key);
+        for ts in chunk {
+            zadd.arg(ts).arg(format!("{ts}:1"));
+        }
+        let _: u64 = zadd.query(&mut conn).unwrap();
+    }
+    let total = -i64::try_from(entries).unwrap();
+    let _: u64 = redis::cmd("ZADD")
+        .arg(key)
+        .arg(total)
+        .arg("total")
+        .query(&mut conn)
+        .unwrap();
+}
+
+/// The longest script call the node logged, in µs (`SLOWLOG`, with every command logged).
+fn longest_call_us(server: &RedisServer) -> u64 {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // id, unix time, duration in µs, arguments, client address, client name.
+    type Entry = (u64, u64, u64, Vec<String>, String, String);
+    let log: Vec<Entry> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    log.iter()
+        .filter(|(_, _, _, args, _, _)| {
+            let command = args.first().map(|a| a.to_ascii_uppercase());
+            matches!(command.as_deref(), Some("FCALL" | "EVALSHA" | "EVAL"))
+        })
+        .map(|(_, _, micros, _, _, _)| *micros)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Issue 20 item 3: requests of 64 sliding-log charges of cost 10,000 against a full
+/// 10,000-entry log (limit 10,000 per hour), sent straight to the backend (the limiter
+/// refuses such a request before it reaches Redis: tests/redis_service.rs), beside 200
+/// innocent requests, all on a 100 ms budget. Before, each denial's wait walked the log from
+/// its oldest end, 10,000 entries by pages: one such request kept Redis busy for hundreds of
+/// ms, and the innocent callers queued behind it timed out. The wait now reads from the
+/// nearer end, here one entry per charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_log_walks_do_not_stall_the_callers_beside_them() {
+    let server = RedisServer::start_with(&[
+        "--slowlog-log-slower-than",
+        "0",
+        "--slowlog-max-len",
+        "10000",
+    ]);
+    let backend = Arc::new(
+        RedisBackend::connect(
+            &server.url(),
+            RedisOptions {
+                timeout: Duration::from_millis(100),
+                ..RedisOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let log = policy(Algorithm::SlidingLog, 10_000, Unit::Hour);
+    let full = charge(log, "full", 10_000);
+    fill_log(&server, &full.bucket.redis_key("fg"), 10_000);
+    let heavy = Group {
+        items: (0..64)
+            .map(|_| Item {
+                charge: full.clone(),
+                weight: Weight::default(),
+            })
+            .collect(),
+        ..Group::default()
+    };
+    let innocent = policy(Algorithm::FixedWindow, 1_000, Unit::Hour);
+    let mut heavies = Vec::new();
+    let mut innocents = Vec::new();
+    for round in 0..5 {
+        let (heavy_backend, heavy) = (Arc::clone(&backend), heavy.clone());
+        heavies.push(tokio::spawn(
+            async move { heavy_backend.decide(&heavy).await },
+        ));
+        for i in 0..40 {
+            let backend = Arc::clone(&backend);
+            let one = charge(innocent, &format!("innocent{round}-{i}"), 1);
+            innocents.push(tokio::spawn(async move { backend.charge(&[one]).await }));
+        }
+    }
+    let mut failed = 0;
+    for task in innocents {
+        match task.await.unwrap() {
+            Ok(outcome) => assert!(outcome[0].allowed),
+            Err(_) => failed += 1,
+        }
+    }
+    eprintln!("longest script call: {} us", longest_call_us(&server));
+    assert_eq!(failed, 0, "innocent requests failed");
+    for task in heavies {
+        let outcomes = task.await.unwrap().expect("the heavy request is answered");
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| !o.allowed && o.reset_ms > 3_500_000)
+        );
+    }
 }

@@ -25,6 +25,18 @@
 
 use std::collections::VecDeque;
 
+/// Most log entries one charge of `cost` against `limit` makes Redis read (`wait` in
+/// lua/sliding_log.lua: a denial reads from the nearer end of the log): `min(n, L - n + 1)`
+/// for a cost `n` in `1..=L`, one for a peek or a cost above `L`. That holds while the log
+/// holds at most `L` units; for one window after a rule's limit was lowered it may hold
+/// more, and a denial then reads up to `L - n + 1`. The Redis batcher weighs calls by it.
+pub fn wait_reads(limit: u64, cost: u64) -> u64 {
+    if cost == 0 || cost > limit {
+        return 1;
+    }
+    cost.min(limit - cost + 1)
+}
+
 use super::{Counter, Params, Verdict, instant, reset};
 
 /// Bookings of the last window, oldest first.
@@ -217,6 +229,18 @@ mod tests {
             log.entries().collect::<Vec<_>>(),
             [(NOW + 1_000, 3), (NOW + W, 2)]
         );
+    }
+
+    #[test]
+    fn a_wait_reads_at_most_half_a_full_log() {
+        assert_eq!(wait_reads(10_000, 10_000), 1);
+        assert_eq!(wait_reads(10_000, 1), 1);
+        assert_eq!(wait_reads(10_000, 5_000), 5_000);
+        assert_eq!(wait_reads(10_000, 5_001), 5_000);
+        assert_eq!(wait_reads(10_000, 0), 1);
+        assert_eq!(wait_reads(10_000, u64::MAX), 1);
+        let most = (1..=10_000).map(|n| wait_reads(10_000, n)).max();
+        assert_eq!(most, Some(5_000));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
 
+use crate::algorithm::sliding_log;
 use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
 use crate::clock::Clock;
 use crate::rules::{Algorithm, OnOverLimit, Policy};
@@ -562,6 +563,9 @@ pub(crate) struct BatchCall {
     keys: Vec<String>,
     argv: Vec<u64>,
     groups: u64,
+    /// Worst-case work in Redis: one per item, plus the log entries a sliding-log denial
+    /// may read (`sliding_log::wait_reads`).
+    work: u64,
 }
 
 impl BatchCall {
@@ -585,7 +589,17 @@ impl BatchCall {
                 u64::from(item.weight.shadow),
             ]);
             self.argv.extend(decision_args(charge.cost, policy));
+            self.work += 1;
+            if policy.algorithm == Algorithm::SlidingLog {
+                let limit = u64::from(policy.requests_per_unit);
+                self.work += sliding_log::wait_reads(limit, charge.cost);
+            }
         }
+    }
+
+    /// Worst-case work in Redis, in items and log entries read (see `push`).
+    pub(crate) fn work(&self) -> u64 {
+        self.work
     }
 
     /// Items in the call.
@@ -936,6 +950,31 @@ mod tests {
         ];
         assert_eq!(words, expected);
         assert_eq!(first.len() + second.len(), 3);
+    }
+
+    #[test]
+    fn batch_work_counts_items_and_the_log_entries_a_denial_may_read() {
+        let fixed = Policy::fixed_window(10_000, Unit::Hour);
+        let log = Policy {
+            algorithm: Algorithm::SlidingLog,
+            ..fixed
+        };
+        let charge = |policy: Policy, cost| Charge {
+            bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
+            policy,
+            cost,
+        };
+        let mut call = BatchCall::default();
+        call.push(&Group::independent(&[charge(fixed, 9_000)]), "fg");
+        assert_eq!(call.work(), 1);
+        call.push(&Group::independent(&[charge(log, 10_000)]), "fg");
+        assert_eq!(
+            call.work(),
+            1 + 2,
+            "a cost of L reads the newest entry only"
+        );
+        call.push(&Group::independent(&[charge(log, 5_000)]), "fg");
+        assert_eq!(call.work(), 3 + 5_001);
     }
 
     #[test]

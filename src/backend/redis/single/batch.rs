@@ -29,6 +29,12 @@ use crate::backend::{BackendError, Outcome};
 const MAX_IN_FLIGHT: usize = 2;
 /// Most items in one call: bounds how long one script keeps Redis busy.
 const MAX_ITEMS: usize = 256;
+/// Most work in one call (`BatchCall::work`: one per item plus the sliding-log entries a
+/// denial may read), so that items are not the only measure: a request that may read
+/// thousands of log entries goes in a call of its own (a call always takes its first
+/// request), and the light requests queued beside it are not made to wait for its reads
+/// inside one script. 256 light items fit; reading an entry costs far less than an item.
+const MAX_WORK: u64 = 1_024;
 /// How often the drain rate is measured.
 const DRAIN_WINDOW: Duration = Duration::from_millis(100);
 /// Mean items per call from which a window counts as busy: only full-ish calls show what the
@@ -131,14 +137,15 @@ pub(super) async fn run(
                 },
             },
         };
-        let mut items = first.call.len();
+        let (mut items, mut work) = (first.call.len(), first.call.work());
         let mut batch = vec![first];
         while let Ok(job) = jobs.try_recv() {
-            if items + job.call.len() > MAX_ITEMS {
+            if items + job.call.len() > MAX_ITEMS || work + job.call.work() > MAX_WORK {
                 held = Some(job);
                 break;
             }
             items += job.call.len();
+            work += job.call.work();
             batch.push(job);
         }
         backlog.taken(items);

@@ -39,11 +39,19 @@ pub const DEFAULT_SERVICE_NAME: &str = "floodgate";
 /// The reference's `service.name` when `TRACING_SERVICE_NAME` is unset, kept when tracing is
 /// turned on by `TRACING_ENABLED` so existing trace queries keep matching.
 pub const REFERENCE_SERVICE_NAME: &str = "RateLimit";
-/// The OTLP/HTTP path of traces, appended to an `--otlp-endpoint` without a path.
-/// Longest client-sent text a span attribute keeps, in bytes: with the exporter's queue of
-/// at most 2,048 spans (`OTEL_BSP_MAX_QUEUE_SIZE`'s default), queued spans hold at most
-/// about 2,048 x (256 B + the fixed attributes), under 4 MB, whatever the requests send.
+/// Longest client-sent text a span attribute keeps, in bytes.
+///
+/// The SDK's batch processor bounds its queue in spans only (`OTEL_BSP_MAX_QUEUE_SIZE`,
+/// default 2,048; no byte bound exists in opentelemetry_sdk 0.33), so the bytes are bounded
+/// per span instead: what a client sends reaches a span only as this domain prefix and as a
+/// `tracestate` of at most [`MAX_TRACESTATE_BYTES`], a span holds under 2 KB, and the
+/// default queue under 4 MB, whatever the requests send.
 const MAX_ATTRIBUTE_BYTES: usize = 256;
+/// Longest caller `tracestate` kept, in bytes (the W3C minimum a vendor should propagate);
+/// a longer one is dropped whole (the trace id and parent stay), since the SDK would copy
+/// up to 32 entries of 512 bytes into every span of the call.
+const MAX_TRACESTATE_BYTES: usize = 512;
+/// The OTLP/HTTP path of traces, appended to an `--otlp-endpoint` without a path.
 const HTTP_TRACES_PATH: &str = "/v1/traces";
 /// How long shutdown waits for the last spans to be exported.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -291,10 +299,29 @@ pub fn should_rate_limit_span(headers: &dyn Extractor, domain: &str, descriptors
         ratelimit.overall_code = Empty,
         otel.status_code = Empty,
     );
-    let parent = TraceContextPropagator::new().extract_with_context(&Context::new(), headers);
+    let headers = BoundedTraceState(headers);
+    let parent = TraceContextPropagator::new().extract_with_context(&Context::new(), &headers);
     // Fails only when the span is disabled, which leaves nothing to parent.
     drop(span.set_parent(parent));
     span
+}
+
+/// A caller's trace context headers with a `tracestate` longer than [`MAX_TRACESTATE_BYTES`]
+/// left out.
+struct BoundedTraceState<'a>(&'a dyn Extractor);
+
+impl Extractor for BoundedTraceState<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        let value = self.0.get(key)?;
+        if key.eq_ignore_ascii_case("tracestate") && value.len() > MAX_TRACESTATE_BYTES {
+            return None;
+        }
+        Some(value)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys()
+    }
 }
 
 /// Records the call's answer: the overall code (or the error's gRPC code), and an error
@@ -350,6 +377,31 @@ mod tests {
             service_instance_id: None,
             sampling_rate: 1.0,
         }
+    }
+
+    #[test]
+    fn a_long_tracestate_is_left_out_and_the_parent_kept() {
+        use opentelemetry::trace::TraceContextExt;
+        let parent = |tracestate: String| {
+            let headers = std::collections::HashMap::from([
+                (
+                    "traceparent".to_owned(),
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+                ),
+                ("tracestate".to_owned(), tracestate),
+            ]);
+            let context = TraceContextPropagator::new()
+                .extract_with_context(&Context::new(), &BoundedTraceState(&headers));
+            context.span().span_context().clone()
+        };
+        let short = parent("vendor=abc".to_owned());
+        assert_eq!(short.trace_state().header(), "vendor=abc");
+        let entries: Vec<String> = (0..32)
+            .map(|i| format!("k{i}={}", "v".repeat(200)))
+            .collect();
+        let long = parent(entries.join(","));
+        assert!(long.is_valid() && long.is_sampled());
+        assert_eq!(long.trace_state().header(), "");
     }
 
     #[test]

@@ -445,3 +445,102 @@ async fn span_attributes_are_capped_and_rate_zero_exports_nothing() {
         "a rate-0 replica exported spans"
     );
 }
+
+/// Most resident memory the two scenarios below may add, in KiB. Each sends 400 calls of a
+/// 900 KB domain (so 360 MB of client text) with a sampled `traceparent` and an 8 KB
+/// `tracestate`, to an exporter whose collector never reads: a queued span keeps at most
+/// 256 bytes of the domain and no tracestate over 512 bytes, so the 2,048-span queue holds a
+/// few MB. The rest of the bound is allocator slack for the transient 900 KB messages.
+const MAX_RSS_GROWTH_KB: u64 = 32 * 1024;
+
+/// The process' resident set, in KiB (`VmRSS` of /proc/<pid>/status).
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A collector that accepts connections and never reads from them: the exporter's calls
+/// stall, and spans wait in its queue. Holds at most 64 connections.
+async fn silent_collector() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while held.len() < 64 {
+            match listener.accept().await {
+                Ok((socket, _)) => held.push(socket),
+                Err(_) => break,
+            }
+        }
+        std::future::pending::<()>().await;
+    });
+    (addr, task)
+}
+
+/// RSS growth of a replica at `--tracing-sampling-rate rate` over 400 invalid calls, each
+/// with a 900 KB domain, a sampled `traceparent` and a long `tracestate`.
+async fn rss_growth_over_huge_domains(rate: &str) -> u64 {
+    let (collector, holder) = silent_collector().await;
+    let dir = rules();
+    let endpoint = format!("http://{collector}");
+    let server = Binary::start(
+        &[
+            "--config",
+            dir.path().to_str().unwrap(),
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-endpoint",
+            &endpoint,
+            "--tracing-sampling-rate",
+            rate,
+        ],
+        &[QUICK_EXPORT],
+    );
+    let pid = server.child.id();
+    for _ in 0..20 {
+        call(server.grpc, Some(&traceparent("01"))).await;
+    }
+    let before = rss_kb(pid);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let huge_domain = "d".repeat(900_000);
+    let tracestate: Vec<String> = (0..32)
+        .map(|i| format!("k{i}={}", "v".repeat(250)))
+        .collect();
+    let tracestate = tracestate.join(",");
+    for _ in 0..400 {
+        let mut huge =
+            tonic::Request::new(request(&huge_domain, vec![descriptor(&[("api_key", "v")])]));
+        let metadata = huge.metadata_mut();
+        metadata.insert("traceparent", traceparent("01").parse().unwrap());
+        metadata.insert("tracestate", tracestate.parse().unwrap());
+        let status = client.should_rate_limit(huge).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    }
+    // The batch processor takes the last spans into its queue within its schedule (100 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kb(pid);
+    holder.abort();
+    eprintln!("rate {rate}: VmRSS {before} kB -> {after} kB");
+    after.saturating_sub(before)
+}
+
+/// Issue 20 item 6, both scenarios against a collector that never reads: 400 invalid calls
+/// with a 900 KB domain took RSS from 20 MB to 419 MB (the span, made before validation,
+/// copied the domain whole), and at rate 0 a caller's sampled flag still made spans (200
+/// calls: 228 MB). Now both stay under `MAX_RSS_GROWTH_KB`.
+#[tokio::test]
+async fn huge_domains_and_a_silent_collector_keep_memory_bounded() {
+    for rate in ["1", "0"] {
+        let growth = rss_growth_over_huge_domains(rate).await;
+        assert!(
+            growth < MAX_RSS_GROWTH_KB,
+            "rate {rate}: RSS grew by {growth} KiB"
+        );
+    }
+}

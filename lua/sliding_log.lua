@@ -33,7 +33,7 @@ that have left the window are dropped: every call drops them first (adjusting th
 so each member is read once after it dies and the count costs O(1) amortized. Dropping
 them never changes an answer, so a peek or a denial that finds such bookings removes them
 (the only writes a peek or denial makes). A denial's wait reads the live bookings from the
-nearer end of the log (see wait): at most min(excess, L - k + 1) members, 5,000 at most.
+nearer end of the log (see wait): at most min(k, L - k + 1) members, 5,000 at most.
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 if L > 10000 then
@@ -95,8 +95,11 @@ end
 -- one unit); walking from the newest, within L - k + 1. One ZRANGE from the nearer end reads
 -- at most min(excess, L - k + 1) members, at most (L + 1) / 2 = 5,000: O(log N + that), and
 -- a cost near L (the costly case when walked from the oldest) reads a single member.
+-- A log over its limit (the rule's limit was lowered, for one window) waits until the
+-- newest booking leaves, an upper bound that reads one member, so no denial reads more
+-- than min(k, L - k + 1) members (`wait_reads` in src/algorithm/sliding_log.rs).
 local function wait(k)
-  if k > L then
+  if k > L or live > L then
     return until_newest_leaves()
   end
   local excess = live + k - L

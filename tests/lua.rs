@@ -584,3 +584,32 @@ async fn refund_delivered_twice_applies_once_on_redis_cluster() {
     let cluster = RedisCluster::start_async().await;
     refund_applies_once(&cluster.backend().await).await;
 }
+
+/// Issue 20 item 3: a log holding more than its (lowered) limit is not walked; a denial
+/// waits until the newest booking leaves, as the Rust twin answers
+/// (`a_log_over_a_lowered_limit_waits_for_the_newest`), so no denial reads more than
+/// `wait_reads` members. At the limit again, the wait is exact.
+#[test]
+fn a_log_over_a_lowered_limit_waits_for_the_newest() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server);
+    let clock = Arc::new(ManualClock::new(START));
+    for scripting in PATHS {
+        let lua = Lua::load(&mut conn, ScriptSet::pinned(clock.clone()), scripting);
+        let key = format!("fg:{{lowered-{scripting:?}}}");
+        let (ten, five) = (
+            policy(Algorithm::SlidingLog, 10, Unit::Minute),
+            policy(Algorithm::SlidingLog, 5, Unit::Minute),
+        );
+        clock.set(START);
+        for _ in 0..10 {
+            assert!(charge(&mut conn, &lua, &key, 1, ten).allowed);
+            clock.advance(1);
+        }
+        let denied = charge(&mut conn, &lua, &key, 1, five);
+        assert_eq!((denied.allowed, denied.reset_ms), (false, 59_999));
+        assert_eq!(charge(&mut conn, &lua, &key, 0, five).reset_ms, 59_999);
+        let exact = charge(&mut conn, &lua, &key, 1, ten);
+        assert_eq!((exact.allowed, exact.reset_ms), (false, 59_990));
+    }
+}

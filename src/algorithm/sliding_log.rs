@@ -13,8 +13,9 @@
 //!   `L - count - n`, R = `newest_ts + W - now` (`W` right after a booking).
 //!   OVER: remaining 0, nothing written, R = the wait until enough units leave: with
 //!   `k = count + n - L`, walk from the oldest live entry summing counts until the sum
-//!   reaches `k`; R = that entry's `ts + W - now`. When `n > L` (never fits),
-//!   R = `newest_ts + W - now`, or 0 for an empty log.
+//!   reaches `k`; R = that entry's `ts + W - now`. When `n > L` (never fits), or when the
+//!   log holds more than `L` (the limit was lowered), R = `newest_ts + W - now`, or 0 for an
+//!   empty log.
 //! - `consume` is rejected for this algorithm by config validation (a log of denied bookings
 //!   would only grow), so a denial never writes here even when asked to.
 //! - peek: allowed iff `count + 1 <= L`; remaining `max(0, L - count)`; R = `newest_ts + W -
@@ -27,9 +28,9 @@ use std::collections::VecDeque;
 
 /// Most log entries one charge of `cost` against `limit` makes Redis read (`wait` in
 /// lua/sliding_log.lua: a denial reads from the nearer end of the log): `min(n, L - n + 1)`
-/// for a cost `n` in `1..=L`, one for a peek or a cost above `L`. That holds while the log
-/// holds at most `L` units; for one window after a rule's limit was lowered it may hold
-/// more, and a denial then reads up to `L - n + 1`. The Redis batcher weighs calls by it.
+/// for a cost `n` in `1..=L`, one for a peek or a cost above `L`. A log holding more than
+/// `L` units (for one window after a rule's limit was lowered) is not walked at all (see
+/// `wait`), so this bound always holds. The Redis batcher weighs calls by it.
 pub fn wait_reads(limit: u64, cost: u64) -> u64 {
     if cost == 0 || cost > limit {
         return 1;
@@ -105,9 +106,11 @@ impl SlidingLog {
         }
     }
 
-    /// R for a denied `cost`: until enough of the oldest units have left the window.
+    /// R for a denied `cost`: until enough of the oldest units have left the window. A log
+    /// over its limit (the rule's limit was lowered) answers until the newest leaves, an
+    /// upper bound, so no denial ever reads more than `wait_reads` entries in Redis.
     fn wait(&self, params: &Params, now_ms: i64, live: &Live, cost: u64) -> u64 {
-        if cost > params.limit {
+        if cost > params.limit || live.count > params.limit {
             return self.until_newest_leaves(params, now_ms, live);
         }
         let excess = u128::from(live.count) + u128::from(cost) - u128::from(params.limit);
@@ -241,6 +244,21 @@ mod tests {
         assert_eq!(wait_reads(10_000, u64::MAX), 1);
         let most = (1..=10_000).map(|n| wait_reads(10_000, n)).max();
         assert_eq!(most, Some(5_000));
+    }
+
+    #[test]
+    fn a_log_over_a_lowered_limit_waits_for_the_newest() {
+        let mut log = SlidingLog::default();
+        for at in 0..10 {
+            log.check(&params(10), NOW + at, 1, false);
+        }
+        let lowered = params(5);
+        let v = log.check(&lowered, NOW + 10, 1, false);
+        assert_eq!((v.allowed, v.reset_ms), (false, W as u64 - 1));
+        assert_eq!(log.peek(&lowered, NOW + 10).reset_ms, W as u64 - 1);
+        // At the limit again, the wait is exact.
+        let v = log.check(&params(10), NOW + 10, 1, false);
+        assert_eq!((v.allowed, v.reset_ms), (false, W as u64 - 10));
     }
 
     #[test]

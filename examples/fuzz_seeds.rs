@@ -5,7 +5,9 @@
 //!   reads a directory (two files joined by a NUL byte);
 //! - `json_body` and `request`: valid requests (overrides, costs, wildcards, nesting) as
 //!   proto3 JSON and, encoded, as protobuf;
-//! - `reference_env`: reference environments in the target's `NAME=VALUE` line format.
+//! - `reference_env`: reference environments in the target's `NAME=VALUE` line format;
+//! - `xds_resources`: encoded `RateLimitConfig` resources (nested, every unit, the flags),
+//!   alone and several in one response, separated by a NUL byte as the target splits them.
 //!
 //! Run from the repository root: `cargo run --example fuzz_seeds -- fuzz/corpus`.
 //! Existing files are overwritten, and inputs the fuzzer added are kept.
@@ -15,6 +17,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use floodgate::admin::parse_json_request;
+use floodgate::proto::rls_conf::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
 use prost::Message;
 
 /// Valid `/json` bodies: every rule shape of `config/` and `fuzz/rules/`.
@@ -98,8 +103,80 @@ fn main() -> io::Result<()> {
     for (i, environment) in ENVIRONMENTS.iter().enumerate() {
         fs::write(reference_env.join(format!("env-{i:02}.txt")), environment)?;
     }
+    let xds_resources = target_dir(&out, "xds_resources")?;
+    let configs = xds_configs();
+    for (i, config) in configs.iter().enumerate() {
+        fs::write(
+            xds_resources.join(format!("config-{i:02}.pb")),
+            config.encode_to_vec(),
+        )?;
+    }
+    let joined: Vec<u8> = configs
+        .iter()
+        .map(Message::encode_to_vec)
+        .collect::<Vec<_>>()
+        .join(&0u8);
+    fs::write(xds_resources.join("configs-all.pb"), joined)?;
     println!("seeds written under {}", out.display());
     Ok(())
+}
+
+/// `RateLimitConfig` resources as a control plane sends them: each unit, nesting, and the
+/// descriptor flags.
+fn xds_configs() -> Vec<RateLimitConfig> {
+    let limited =
+        |key: &str, value: &str, unit: RateLimitUnit, requests: u32| RateLimitDescriptor {
+            key: key.into(),
+            value: value.into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: requests,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+    let units = [
+        RateLimitUnit::Second,
+        RateLimitUnit::Minute,
+        RateLimitUnit::Hour,
+        RateLimitUnit::Day,
+        RateLimitUnit::Week,
+        RateLimitUnit::Month,
+        RateLimitUnit::Year,
+    ];
+    let mut configs: Vec<RateLimitConfig> = units
+        .iter()
+        .enumerate()
+        .map(|(i, unit)| RateLimitConfig {
+            name: format!("unit-{i}"),
+            domain: format!("domain-{i}"),
+            descriptors: vec![limited("path", "/login", *unit, 10 + i as u32)],
+        })
+        .collect();
+    let mut parent = RateLimitDescriptor {
+        key: "user".into(),
+        value: "alice".into(),
+        shadow_mode: true,
+        ..Default::default()
+    };
+    let mut child = limited("path", "", RateLimitUnit::Minute, 3);
+    child.quota_mode = true;
+    child.detailed_metric = true;
+    parent.descriptors.push(child);
+    let mut unlimited = limited("tier", "vip", RateLimitUnit::Second, 0);
+    if let Some(policy) = unlimited.rate_limit.as_mut() {
+        policy.unlimited = true;
+    }
+    configs.push(RateLimitConfig {
+        name: "nested".into(),
+        domain: "gateway".into(),
+        descriptors: vec![
+            parent,
+            unlimited,
+            limited("remote_address", "", RateLimitUnit::Hour, 100),
+        ],
+    });
+    configs
 }
 
 /// `out/target`, created.

@@ -36,7 +36,8 @@ echo "fuzz: build took $(($(date +%s) - started)) s"
 host=$(rustc +nightly -vV | sed -n 's/^host: //p')
 bin_dir="fuzz/target/$host/release"
 for target in "${TARGETS[@]}"; do
-  mkdir -p "fuzz/artifacts/$target"
+  # A target without seeds starts from an empty corpus rather than failing to start.
+  mkdir -p "fuzz/artifacts/$target" "fuzz/corpus/$target"
   case "$target" in
     config_file | config_dir) dict=(-dict=fuzz/dicts/yaml.dict) ;;
     reference_env) dict=(-dict=fuzz/dicts/reference_env.dict) ;;

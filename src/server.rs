@@ -118,7 +118,7 @@ pub enum ServerError {
 /// A started, bound, not yet serving floodgate.
 pub struct Server {
     settings: Settings,
-    grpc_listener: TcpListener,
+    grpc_listener: GrpcListener,
     http_listener: TcpListener,
     limiter: Arc<Limiter>,
     backend: Arc<dyn Backend>,

@@ -123,6 +123,7 @@ async fn decide_split(
         prior: Tally::default(),
         admit: true,
         keep_on_failure: group.keep_on_failure,
+        deadline: group.deadline,
     };
     let mut fast_outcomes = per_second.decide(&first).await.map_err(from_per_second)?;
     let mut prior = group.prior;
@@ -134,6 +135,7 @@ async fn decide_split(
         prior,
         admit: group.admit,
         keep_on_failure: group.keep_on_failure,
+        deadline: group.deadline,
     };
     let (rest_outcomes, undo_fast) = match main.decide(&second).await {
         Ok(outcomes) => {

@@ -3,8 +3,9 @@
 
 use clap::Args;
 
-use super::{BackendKind, DEFAULT_REDIS_POOL_SIZE, RedisUrl};
+use super::{BackendKind, RedisUrl};
 use crate::backend::BackendSettings;
+use crate::backend::redis::DEFAULT_POOL_SIZE;
 use crate::backend::redis::{NodeAuth, RedisOptions, SentinelSettings};
 use crate::redact::SecretText;
 
@@ -48,7 +49,7 @@ pub struct TopologyArgs {
         long,
         env = "FLOODGATE_PER_SECOND_REDIS_POOL_SIZE",
         value_name = "N",
-        default_value_t = DEFAULT_REDIS_POOL_SIZE,
+        default_value_t = DEFAULT_POOL_SIZE,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub per_second_redis_pool_size: u32,

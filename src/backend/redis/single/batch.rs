@@ -5,8 +5,9 @@
 //! them. No timer ever holds a request back.
 //!
 //! Under overload the queue is where a request waits, so `Backlog` estimates that wait from
-//! the items queued and the drain rate of recent full calls, and a request that would only
-//! be decided after its deadline is refused before it queues (`BackendError::Overloaded`).
+//! the items queued and the drain rate of recent full calls, and a request whose wait would
+//! leave less than that wait again before its deadline is refused before it queues
+//! (`BackendError::Overloaded`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,11 +62,15 @@ struct DrainWindow {
 }
 
 impl Backlog {
-    /// Whether `items` more, queued now, would be sent before `deadline`.
+    /// Whether `items` more, queued now, would be sent with as much time again left before
+    /// `deadline`: the answer still has its call and its way back to make, and the caller's
+    /// clock started before the request reached us (time this process cannot see). Queueing
+    /// past that only delays answers that would arrive too late anyway.
     pub(super) fn in_time(&self, items: usize, deadline: Instant) -> bool {
         let item_ns = self.item_ns.load(Ordering::Relaxed);
         let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
-        Instant::now() + Duration::from_nanos(ahead.saturating_mul(item_ns)) <= deadline
+        let wait = Duration::from_nanos(ahead.saturating_mul(item_ns));
+        Instant::now() + wait.saturating_mul(2) <= deadline
     }
 
     pub(super) fn queued(&self, items: usize) {
@@ -239,7 +244,7 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn only_a_busy_queue_refuses_and_only_what_it_cannot_send_in_time() {
+    async fn only_a_busy_queue_refuses_and_only_what_it_cannot_send_with_room() {
         let backlog = Backlog::default();
         let soon = Instant::now() + Duration::from_millis(10);
         // Nothing known yet: nothing is refused, however long the queue.
@@ -253,10 +258,13 @@ mod tests {
         backlog.drained(200, Duration::from_millis(2));
         assert_eq!(backlog.item_ns.load(Ordering::Relaxed), 5_000);
         let soon = Instant::now() + Duration::from_millis(10);
-        // 100,000 items ahead take 500 ms: refused; once they are sent, admitted.
+        // 100,000 items ahead take 500 ms: refused; once they are sent, admitted when their
+        // wait leaves as much time again.
         assert!(!backlog.in_time(1, soon));
         backlog.taken(99_000);
-        assert!(backlog.in_time(1, soon), "1,000 items take 5 ms");
+        assert!(!backlog.in_time(1, soon), "1,001 items take just over 5 ms");
+        backlog.taken(100);
+        assert!(backlog.in_time(1, soon), "901 items take 4.5 ms");
         assert!(
             !backlog.in_time(2_000, soon),
             "a heavy request needs more room"

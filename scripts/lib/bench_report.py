@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -166,14 +167,22 @@ def measure(binary, floodgate, masters, run, seconds, harness):
 
 
 def overload_run(binary, floodgate, harness, seconds, cpus, label, args):
-    """One overload bench: goodput, shed rate and p99s, from the generator's summary."""
+    """One overload bench: goodput, shed rate and p99s, from the generator's summary, and
+    the CPU floodgate and the generator used (cores busy), which shows which one limited the
+    run."""
+    served_before = process_cpu_seconds(floodgate.proc.pid)
+    generated_before = children_cpu_seconds()
     summary = run_bench(harness, binary, floodgate.target,
                         ["--keys", "10000", "--connections", "4", "--timeout", OVERLOAD_TIMEOUT,
                          *args], seconds, name=f"overload-{label.replace(' ', '-')}",
                         prefix=pinned(cpus, []))
     elapsed = max(summary["elapsed_s"], 1e-9)
+    served_cpu = process_cpu_seconds(floodgate.proc.pid) - served_before
+    generated_cpu = children_cpu_seconds() - generated_before
     shed = summary["errors_by_code"].get("Unavailable", 0)
     return {
+        "floodgate_cores": round(served_cpu / elapsed, 2),
+        "generator_cores": round(generated_cpu / elapsed, 2),
         "load": label,
         "goodput_per_s": summary["answered_per_s"],
         "shed_per_s": round(shed / elapsed, 1),
@@ -182,6 +191,12 @@ def overload_run(binary, floodgate, harness, seconds, cpus, label, args):
         "answered_p99_us": summary["answered_latency_us"]["p99"],
         "shed_p99_us": summary["unavailable_latency_us"]["p99"],
     }
+
+
+def children_cpu_seconds():
+    """User + system CPU of this script's waited-for children (the generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def overload(binary, floodgate, harness, seconds, cpus):
@@ -218,12 +233,14 @@ def overload(binary, floodgate, harness, seconds, cpus):
 
 def overload_table(rows, ratios):
     out = ["| load | offered/s | goodput/s | shed/s | other errors/s | p99 answered us "
-           "| p99 shed us |", "|---|---:|---:|---:|---:|---:|---:|"]
+           "| p99 shed us | floodgate cores | generator cores |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         offered = f"{r['offered_per_s']:,}" if "offered_per_s" in r else "-"
         out.append(f"| {r['load']} | {offered} | {r['goodput_per_s']:,.0f} "
                    f"| {r['shed_per_s']:,.0f} | {r['other_errors_per_s']:,.0f} "
-                   f"| {r['answered_p99_us']} | {r['shed_p99_us']} |")
+                   f"| {r['answered_p99_us']} | {r['shed_p99_us']} "
+                   f"| {r['floodgate_cores']} | {r['generator_cores']} |")
     out += ["", "| goodput ratio | value |", "|---|---:|"]
     out += [f"| {name} | {value} |" for name, value in ratios.items()]
     return "\n".join(out)
@@ -363,7 +380,9 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds):
                   f"goodput at {SATURATING_IN_FLIGHT} in flight; closed loop keeps N calls in "
                   "flight over 4 connections. "
                   + (f"floodgate ran on CPU {pins[0]}, the generator and Redis on CPU {pins[1]} "
-                     "(taskset)." if pins else "Nothing was pinned (one CPU)."), ""]
+                     "(taskset)." if pins else "Nothing was pinned (one CPU).")
+                  + " The cores columns are the CPU each process used over the run: a "
+                  "generator near 1.0 on its core limited the run, not floodgate.", ""]
         for backend, (rows, ratios) in overloads.items():
             lines += [f"### {backend}", "", overload_table(rows, ratios), ""]
     with open(path, "w") as f:

@@ -351,7 +351,10 @@ impl Connection {
                 }
                 result = &mut connection => {
                     if let Err(error) = result {
-                        tracing::debug!("gRPC connection ended: {error}");
+                        // hyper's own text is only "http2 error"; the cause is its source.
+                        let cause = std::error::Error::source(&error)
+                            .map_or_else(String::new, |source| format!(": {source}"));
+                        tracing::debug!("gRPC connection ended: {error}{cause}");
                     }
                     return;
                 }

@@ -174,12 +174,18 @@ impl Mapper<'_> {
     }
 }
 
+/// The choice `value` names, ignoring ASCII case.
+fn choose<T>(value: &str, choices: [(&str, T); 2]) -> Option<T> {
+    let choice = choices
+        .into_iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(value));
+    choice.map(|(_, choice)| choice)
+}
+
 fn log_format(value: &str, args: &mut ServeArgs) -> Result<(), String> {
-    args.log_format = match value.to_ascii_lowercase().as_str() {
-        "json" => LogFormat::Json,
-        "text" => LogFormat::Text,
-        _ => return Err(format!("`{value}` is neither `json` nor `text`")),
-    };
+    let choices = [("json", LogFormat::Json), ("text", LogFormat::Text)];
+    args.log_format =
+        choose(value, choices).ok_or_else(|| format!("`{value}` is neither `json` nor `text`"))?;
     Ok(())
 }
 
@@ -203,11 +209,12 @@ fn local_cache_entries(value: &str, args: &mut ServeArgs) -> Result<(), String> 
 }
 
 fn config_source(value: &str, args: &mut ServeArgs) -> Result<(), String> {
-    args.xds.config_source = match value.to_ascii_uppercase().as_str() {
-        "FILE" => ConfigSource::File,
-        "GRPC_XDS_SOTW" => ConfigSource::Xds,
-        _ => return Err(format!("`{value}` is neither FILE nor GRPC_XDS_SOTW")),
-    };
+    let choices = [
+        ("FILE", ConfigSource::File),
+        ("GRPC_XDS_SOTW", ConfigSource::Xds),
+    ];
+    args.xds.config_source = choose(value, choices)
+        .ok_or_else(|| format!("`{value}` is neither FILE nor GRPC_XDS_SOTW"))?;
     Ok(())
 }
 
@@ -220,11 +227,9 @@ fn xds_max_message_bytes(value: &str, args: &mut ServeArgs) -> Result<(), String
 }
 
 fn otlp_protocol(value: &str, args: &mut ServeArgs) -> Result<(), String> {
-    args.tracing.otlp_protocol = match value.to_ascii_lowercase().as_str() {
-        "http" => OtlpProtocol::Http,
-        "grpc" => OtlpProtocol::Grpc,
-        _ => return Err(format!("`{value}` is neither http nor grpc")),
-    };
+    let choices = [("http", OtlpProtocol::Http), ("grpc", OtlpProtocol::Grpc)];
+    args.tracing.otlp_protocol =
+        choose(value, choices).ok_or_else(|| format!("`{value}` is neither http nor grpc"))?;
     Ok(())
 }
 

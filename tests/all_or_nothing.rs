@@ -246,12 +246,10 @@ async fn a_slow_reply_fails_only_its_own_call() {
     // The pool opens its second socket in the background: count from when both are up
     // (two pooled sockets, the sleeper, and redis-cli asking).
     let clients = || server.info_field("clients", "connected_clients");
-    for _ in 0..50 {
-        if clients().as_deref() == Some("4") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(Duration::from_secs(5), async || {
+        clients().as_deref() == Some("4")
+    })
+    .await;
     assert_eq!(clients().as_deref(), Some("4"));
     let before = connections();
     let sleep = tokio::spawn(async move {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use common::{TestServer, descriptor, request};
+use common::{TestServer, descriptor, eventually, request};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -243,14 +243,10 @@ async fn an_aged_connection_is_drained_without_failing_its_call() {
     assert_eq!(in_flight.into_inner().overall_code(), Code::Ok);
 
     // The drained connection is gone: the next call goes over a new one.
-    let mut reconnected = false;
-    for _ in 0..50 {
-        if client.should_rate_limit(call()).await.is_ok() && connects.load(Ordering::SeqCst) >= 2 {
-            reconnected = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let reconnected = eventually(Duration::from_secs(5), async || {
+        client.should_rate_limit(call()).await.is_ok() && connects.load(Ordering::SeqCst) >= 2
+    })
+    .await;
     assert!(reconnected, "the aged connection was never replaced");
     server.stop().await;
 }

@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Binary, TestServer, descriptor, http, request, should_rate_limit};
+use common::{
+    Binary, TestServer, descriptor, eventually, request, sample, scrape, should_rate_limit,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -23,22 +25,6 @@ async fn connect(grpc: std::net::SocketAddr) -> RateLimitServiceClient<Channel> 
     RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("client connects")
-}
-
-/// The `/metrics` text of the admin server at `http`.
-async fn scrape(http_addr: std::net::SocketAddr) -> String {
-    let (status, text) = http("GET", &format!("http://{http_addr}/metrics"), "").await;
-    assert_eq!(status, 200);
-    text
-}
-
-/// The value of the sample whose name and labels are exactly `series`, read as Prometheus
-/// reads it (a float).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter_map(|line| line.strip_prefix(series))
-        .find_map(|rest| rest.strip_prefix(' '))
-        .map(|value| value.trim().parse().expect("sample value"))
 }
 
 /// The per-rule `total_hits` of `key` in `domain`.
@@ -248,13 +234,11 @@ async fn a_reload_drops_the_series_of_removed_rules() {
 
     std::fs::write(server.config_dir.path().join("r.yaml"), only_a).unwrap();
     let mut text = String::new();
-    for _ in 0..200 {
+    eventually(Duration::from_secs(10), async || {
         text = scrape(server.http).await;
-        if sample(&text, "floodgate_loaded_rules") == Some(1.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        sample(&text, "floodgate_loaded_rules") == Some(1.0)
+    })
+    .await;
     assert_eq!(sample(&text, "floodgate_loaded_rules"), Some(1.0));
     assert_eq!(keys_of(&text, "r"), BTreeSet::from(["a".to_owned()]));
     assert!(!text.contains("key=\"b_2\""), "{text}");

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, descriptor, http, request};
+use common::{TestServer, descriptor, request, sample, scrape};
 use floodgate::limiter::FailureMode;
 use prost::Message;
 use tonic::Code;
@@ -59,12 +59,9 @@ async fn expired_call(server: &TestServer) -> Result<i32, Code> {
 }
 
 async fn shed_count(server: &TestServer, reason: &str) -> u64 {
-    let (_, body) = http("GET", &server.http_url("/metrics"), "").await;
-    let line = format!("floodgate_shed_total{{reason=\"{reason}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&line))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {line} in:\n{body}"))
+    let body = scrape(server.http).await;
+    let series = format!("floodgate_shed_total{{reason=\"{reason}\"}}");
+    sample(&body, &series).unwrap_or_else(|| panic!("no {series} in:\n{body}")) as u64
 }
 
 #[tokio::test]

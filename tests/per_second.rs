@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use common::{TestServer, descriptor, http, redis_options, request};
+use common::{TestServer, descriptor, eventually, http, redis_options, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::backend::BackendSettings;
@@ -94,13 +94,11 @@ async fn each_unit_books_in_its_own_redis_and_a_rejection_spans_both() {
     let mut per_second = per_second;
     per_second.stop();
     let mut status = 0;
-    for _ in 0..100 {
+    eventually(Duration::from_secs(5), async || {
         status = http("GET", &server.http_url("/healthcheck"), "").await.0;
-        if status == 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        status == 503
+    })
+    .await;
     assert_eq!(status, 503);
     server.stop().await;
 }

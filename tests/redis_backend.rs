@@ -213,20 +213,17 @@ fn is_transient(err: &BackendError) -> bool {
 
 /// Retries `charge` until it succeeds or `limit` passes; the backend is never recreated.
 async fn until_charge_succeeds(backend: &dyn Backend, request: &[Charge], limit: Duration) {
-    let start = Instant::now();
-    loop {
-        match backend.charge(request).await {
-            Ok(_) => return,
-            Err(e) => {
-                assert!(
-                    start.elapsed() < limit,
-                    "still failing after {limit:?}: {e}"
-                );
-                assert!(is_transient(&e));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+    let mut last_error = String::new();
+    let charged = common::eventually(limit, async || match backend.charge(request).await {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(is_transient(&e));
+            last_error = e.to_string();
+            false
         }
-    }
+    })
+    .await;
+    assert!(charged, "still failing after {limit:?}: {last_error}");
 }
 
 #[tokio::test]

@@ -7,7 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::redis::RedisServer;
-use common::{TestServer, descriptor, http, redis_options, request, should_rate_limit};
+use common::{
+    TestServer, descriptor, eventually, http, redis_options, request, scrape, should_rate_limit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::backend::BackendSettings;
 use floodgate::limiter::FailureMode;
@@ -29,17 +31,12 @@ async fn server(redis: &RedisServer, mode: FailureMode) -> TestServer {
 
 /// Polls `/healthcheck` until it answers `status` (bounded).
 async fn wait_health(server: &TestServer, status: u16) {
-    for _ in 0..200 {
-        if http("GET", &server.http_url("/healthcheck"), "").await.0 == status {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("/healthcheck never answered {status}");
-}
-
-async fn metrics(server: &TestServer) -> String {
-    http("GET", &server.http_url("/metrics"), "").await.1
+    let url = server.http_url("/healthcheck");
+    let answered = eventually(Duration::from_secs(10), async || {
+        http("GET", &url, "").await.0 == status
+    })
+    .await;
+    assert!(answered, "/healthcheck never answered {status}");
 }
 
 #[tokio::test]
@@ -104,7 +101,7 @@ async fn outage_flips_health_and_applies_each_failure_mode() {
             }
         }
         wait_health(server, 503).await;
-        let text = metrics(server).await;
+        let text = scrape(server.http).await;
         let mode_name = format!("{mode:?}").to_lowercase();
         assert!(
             text.contains(&format!(
@@ -169,7 +166,7 @@ async fn exhausted_buckets_are_answered_from_the_local_cache() {
     let after = redis.info_field("stats", "total_commands_processed");
     let count = |v: Option<String>| v.unwrap().parse::<u64>().unwrap();
     assert_eq!(count(after), count(before) + 1);
-    let text = metrics(&server).await;
+    let text = scrape(server.http).await;
     // The first call left the fixed window exactly full, which proves it exhausted until the
     // window ends: both later calls were answered locally.
     assert!(

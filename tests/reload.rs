@@ -6,7 +6,9 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{TestServer, descriptor, http, request, should_rate_limit};
+use common::{
+    TestServer, descriptor, eventually, metric_line, request, should_rate_limit, wait_for_limit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const FIRST: &str =
@@ -14,42 +16,15 @@ const FIRST: &str =
 const SECOND: &str =
     "domain: two\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n";
 
-/// Polls until `domain` has a limit for `k`; the watcher reloads asynchronously.
-async fn wait_for_limit(server: &TestServer, domain: &str, expected: Option<u32>) {
-    let mut client = server.client().await;
-    let mut seen = None;
-    for _ in 0..100 {
-        let response = should_rate_limit(
-            &mut client,
-            request(domain, vec![descriptor(&[("k", "probe")])]),
-        )
-        .await;
-        seen = response.statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.requests_per_unit);
-        if seen == expected {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("domain {domain}: expected limit {expected:?}, still {seen:?}");
-}
-
-async fn metric(server: &TestServer, name: &str) -> String {
-    let (_, text) = http("GET", &server.http_url("/metrics"), "").await;
-    text.lines()
-        .find(|line| line.starts_with(name))
-        .unwrap_or_default()
-        .to_string()
-}
+/// The descriptor whose limit shows which rules apply; the watcher reloads asynchronously.
+const PROBE: (&str, &str) = ("k", "probe");
 
 #[tokio::test]
 async fn new_domain_applies_and_invalid_file_keeps_old_rules() {
     let server = TestServer::start(&[("one.yaml", FIRST)]).await;
     let dir = server.config_dir.path().to_path_buf();
     std::fs::write(dir.join("two.yaml"), SECOND).unwrap();
-    wait_for_limit(&server, "two", Some(7)).await;
+    wait_for_limit(&server, "two", PROBE, Some(7)).await;
 
     std::fs::write(
         dir.join("broken.yaml"),
@@ -57,26 +32,23 @@ async fn new_domain_applies_and_invalid_file_keeps_old_rules() {
     )
     .unwrap();
     // Wait for the rejection to be counted, then check the old rules still apply.
-    for _ in 0..100 {
-        if metric(&server, "floodgate_config_load_error_total")
+    eventually(Duration::from_secs(5), async || {
+        metric_line(server.http, "floodgate_config_load_error_total")
             .await
             .ends_with(" 1")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     assert!(
-        metric(&server, "floodgate_config_load_error_total")
+        metric_line(server.http, "floodgate_config_load_error_total")
             .await
             .ends_with(" 1")
     );
-    wait_for_limit(&server, "two", Some(7)).await;
-    wait_for_limit(&server, "one", Some(1)).await;
+    wait_for_limit(&server, "two", PROBE, Some(7)).await;
+    wait_for_limit(&server, "one", PROBE, Some(1)).await;
 
     std::fs::remove_file(dir.join("broken.yaml")).unwrap();
     std::fs::remove_file(dir.join("two.yaml")).unwrap();
-    wait_for_limit(&server, "two", None).await;
+    wait_for_limit(&server, "two", PROBE, None).await;
     let mut client = server.client().await;
     let response =
         should_rate_limit(&mut client, request("one", vec![descriptor(&[("k", "x")])])).await;
@@ -107,9 +79,9 @@ async fn configmap_symlink_swap_reloads() {
         settings.config_dir = dir.path().to_path_buf()
     })
     .await;
-    wait_for_limit(&server, "one", Some(1)).await;
+    wait_for_limit(&server, "one", PROBE, Some(1)).await;
     configmap_version(dir.path(), "v2", SECOND);
-    wait_for_limit(&server, "two", Some(7)).await;
-    wait_for_limit(&server, "one", None).await;
+    wait_for_limit(&server, "two", PROBE, Some(7)).await;
+    wait_for_limit(&server, "one", PROBE, None).await;
     server.stop().await;
 }

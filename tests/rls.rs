@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestServer, descriptor, http, request, should_rate_limit};
+use common::{TestServer, descriptor, eventually, http, request, scrape, should_rate_limit};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
@@ -246,19 +246,15 @@ async fn health_reports_serving_for_both_names() {
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
         let mut status = ServingStatus::Unknown;
         // Readiness flips once the first backend ping answers; poll briefly.
-        for _ in 0..50 {
-            let response = health
-                .check(HealthCheckRequest {
-                    service: service.into(),
-                })
-                .await
-                .expect("health check");
+        eventually(std::time::Duration::from_secs(1), async || {
+            let request = HealthCheckRequest {
+                service: service.into(),
+            };
+            let response = health.check(request).await.expect("health check");
             status = response.into_inner().status();
-            if status == ServingStatus::Serving {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+            status == ServingStatus::Serving
+        })
+        .await;
         assert_eq!(status, ServingStatus::Serving, "service {service:?}");
     }
     assert_eq!(
@@ -292,8 +288,7 @@ async fn admin_json_metrics_and_rlconfig() {
         assert_eq!(status, 400, "{bad} -> {text}");
         assert!(!text.trim().is_empty());
     }
-    let (status, metrics) = http("GET", &server.http_url("/metrics"), "").await;
-    assert_eq!(status, 200);
+    let metrics = scrape(server.http).await;
     assert!(
         metrics.contains(
             r#"ratelimit_service_rate_limit_total_hits_total{domain="api",key="path_/login"} 3"#

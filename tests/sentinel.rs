@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis::SentinelGroup;
-use common::{TestServer, descriptor, redis_options, request};
+use common::{TestServer, descriptor, eventually, redis_options, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::backend::{BackendSettings, SentinelSettings};
@@ -54,23 +54,28 @@ async fn decide(server: &TestServer, user: &str) -> Result<bool, tonic::Status> 
 /// Polls, bounded, until a decision for a fresh user is booked on the node at `index`;
 /// every answer on the way must be OK or UNAVAILABLE. Returns how many calls it took.
 async fn books_on(server: &TestServer, group: &SentinelGroup, index: usize, tag: &str) -> u32 {
-    let start = tokio::time::Instant::now();
     let mut attempt = 0;
-    loop {
-        assert!(
-            start.elapsed() < FAILOVER_LIMIT,
-            "nothing booked on node {index} within {FAILOVER_LIMIT:?}"
-        );
+    let booked = eventually(FAILOVER_LIMIT, async || {
         let before = keys(group, index);
-        match decide(server, &format!("{tag}-{attempt}")).await {
-            Ok(true) if keys(group, index) > before => return attempt,
-            Ok(true) => {}
+        let booked = match decide(server, &format!("{tag}-{attempt}")).await {
+            Ok(true) => keys(group, index) > before,
             Ok(false) => panic!("a user with room was rejected"),
-            Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                false
+            }
+        };
+        if !booked {
+            attempt += 1;
         }
-        attempt += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        booked
+    })
+    .await;
+    assert!(
+        booked,
+        "nothing booked on node {index} within {FAILOVER_LIMIT:?}"
+    );
+    attempt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

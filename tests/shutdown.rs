@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Binary, descriptor, http, request};
+use common::{Binary, descriptor, eventually, http, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -25,20 +25,11 @@ async fn sigterm_flips_health_drains_and_exits_zero() {
     let check = HealthCheckRequest {
         service: String::new(),
     };
-    let mut serving = false;
-    for _ in 0..100 {
-        let status = health
-            .check(check.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .status();
-        if status == ServingStatus::Serving {
-            serving = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let serving = eventually(Duration::from_secs(2), async || {
+        let response = health.check(check.clone()).await.unwrap();
+        response.into_inner().status() == ServingStatus::Serving
+    })
+    .await;
     assert!(serving, "never became SERVING");
     assert_eq!(
         http("GET", &format!("http://{}/healthcheck", server.http), "")
@@ -49,17 +40,13 @@ async fn sigterm_flips_health_drains_and_exits_zero() {
 
     server.signal("TERM");
     // During the grace, health answers NOT_SERVING and calls are still answered.
-    let mut flipped = false;
-    for _ in 0..40 {
+    let flipped = eventually(Duration::from_millis(800), async || {
         match health.check(check.clone()).await {
-            Ok(response) if response.get_ref().status() == ServingStatus::NotServing => {
-                flipped = true;
-                break;
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Ok(response) => response.get_ref().status() == ServingStatus::NotServing,
             Err(error) => panic!("health failed before the grace ended: {error}"),
         }
-    }
+    })
+    .await;
     assert!(flipped, "health never reported NOT_SERVING");
     let response = client
         .should_rate_limit(request(

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Binary, TestServer, descriptor, http, request, should_rate_limit};
+use common::{
+    Binary, TestServer, descriptor, eventually, request, sample, scrape, should_rate_limit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::statsd::{Flavor, Protocol, StatsdSettings, Tag};
@@ -64,12 +66,10 @@ impl Received {
     /// Waits (at most 10 s) until `name` adds up to `expected`, then three more flushes so
     /// that an overcount would show, and returns the total.
     async fn settled_total(&self, name: &str, expected: u64) -> u64 {
-        for _ in 0..200 {
-            if self.total(name) >= expected {
-                break;
-            }
-            tokio::time::sleep(FLUSH).await;
-        }
+        eventually(Duration::from_secs(10), async || {
+            self.total(name) >= expected
+        })
+        .await;
         tokio::time::sleep(FLUSH * 3).await;
         self.total(name)
     }
@@ -150,11 +150,8 @@ async fn five_calls(server: &TestServer) {
 
 /// The `/metrics` value of `series` (name and labels).
 async fn scraped(server: &TestServer, series: &str) -> u64 {
-    let (_, text) = http("GET", &server.http_url("/metrics"), "").await;
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in /metrics"))
+    let text = scrape(server.http).await;
+    sample(&text, series).unwrap_or_else(|| panic!("no {series} in /metrics")) as u64
 }
 
 /// The `/metrics` value of a per-rule counter of the `path` rule.
@@ -255,12 +252,7 @@ async fn counts_made_while_statsd_is_down_arrive_when_it_is_back() {
     drop(closed);
     let server = start(statsd(addr.to_string(), Protocol::Tcp, Flavor::Statsd, &[])).await;
     five_calls(&server).await;
-    for _ in 0..100 {
-        if dropped(&server).await > 0 {
-            break;
-        }
-        tokio::time::sleep(FLUSH).await;
-    }
+    eventually(Duration::from_secs(5), async || dropped(&server).await > 0).await;
     assert!(
         dropped(&server).await > 0,
         "the refused flushes are counted"
@@ -377,13 +369,11 @@ async fn a_dead_or_stuck_statsd_server_changes_no_answer() {
             );
         }
         let mut count = 0;
-        for _ in 0..150 {
+        eventually(Duration::from_secs(15), async || {
             count = dropped(&server).await;
-            if count > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            count > 0
+        })
+        .await;
         assert!(count > 0, "{what}: no line counted as dropped");
         server.stop().await;
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::pki::{Ca, Pair, Role};
 use common::redis::RedisServer;
-use common::{TestServer, descriptor, request};
+use common::{TestServer, descriptor, eventually, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::backend::redis::{ClientIdentity, RedisOptions};
@@ -183,13 +183,11 @@ async fn rotated_certificate_files_are_served_to_new_connections() {
     let second = pki.ca.issue(&["localhost"], Role::Server);
     second.write(pki.dir.path(), "server");
     let mut served = Vec::new();
-    for _ in 0..100 {
+    eventually(Duration::from_secs(10), async || {
         served = served_certificate(server.grpc, &pki.ca.pem()).await;
-        if served == second.der {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        served == second.der
+    })
+    .await;
     assert_eq!(served, second.der, "the new certificate was never served");
     assert_eq!(call(&server, &pki.ca.pem(), None).await, Ok(Code::Ok));
 

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Binary, descriptor, request};
+use common::{Binary, descriptor, eventually, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -73,17 +73,13 @@ impl Received {
 
     /// Waits (bounded) until a span named `name` arrived and returns it with its service.
     async fn wait_for(&self, name: &str) -> (String, Span) {
-        let deadline = tokio::time::Instant::now() + ARRIVAL;
-        loop {
-            if let Some(found) = self.spans().into_iter().find(|(_, span)| span.name == name) {
-                return found;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no `{name}` span within {ARRIVAL:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let mut found = None;
+        eventually(ARRIVAL, async || {
+            found = self.spans().into_iter().find(|(_, span)| span.name == name);
+            found.is_some()
+        })
+        .await;
+        found.unwrap_or_else(|| panic!("no `{name}` span within {ARRIVAL:?}"))
     }
 
     /// No descriptor value or key appears anywhere in what was exported.

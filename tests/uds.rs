@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Binary, TestServer, descriptor, request, unix_channel};
+use common::{Binary, TestServer, descriptor, eventually, request, unix_channel};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
@@ -119,15 +119,11 @@ async fn connection_limits_and_age_apply_on_the_socket() {
         assert!(closed_within(stream, Duration::from_secs(10)).await);
     }
     // The connection is aged out and replaced while calls keep being answered.
-    let mut reconnected = false;
-    for _ in 0..50 {
+    let reconnected = eventually(Duration::from_secs(5), async || {
         let answered = code(channel.clone(), "c").await.is_ok();
-        if answered && connects.load(Ordering::SeqCst) >= 2 {
-            reconnected = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        answered && connects.load(Ordering::SeqCst) >= 2
+    })
+    .await;
     assert!(reconnected, "the aged connection was never replaced");
     server.stop().await;
 }

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 
-use common::{TestServer, descriptor, http, request};
+use common::{
+    TestServer, current_limit, descriptor, eventually, http, metric_line, request, wait_for_limit,
+};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -282,39 +284,12 @@ fn xds_settings(addr: SocketAddr) -> XdsSettings {
     }
 }
 
+/// The descriptor whose limit shows which rules floodgate applies.
+const PROBE: (&str, &str) = ("k", "v");
+
 /// The limit floodgate reports for `xds` / `k`, or None.
 async fn limit(server: &TestServer) -> Option<u32> {
-    let mut client = server.client().await;
-    let response = client
-        .should_rate_limit(request("xds", vec![descriptor(&[("k", "v")])]))
-        .await
-        .expect("ShouldRateLimit succeeds")
-        .into_inner();
-    response.statuses[0]
-        .current_limit
-        .as_ref()
-        .map(|limit| limit.requests_per_unit)
-}
-
-/// Polls until floodgate reports `expected` (the swap follows the ACK closely).
-async fn wait_for_limit(server: &TestServer, expected: u32) {
-    let mut seen = None;
-    for _ in 0..200 {
-        seen = limit(server).await;
-        if seen == Some(expected) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("expected limit {expected}, still {seen:?}");
-}
-
-async fn metric(server: &TestServer, name: &str) -> String {
-    let (_, text) = http("GET", &server.http_url("/metrics"), "").await;
-    text.lines()
-        .find(|line| line.starts_with(name))
-        .unwrap_or_default()
-        .to_owned()
+    current_limit(server, "xds", PROBE).await
 }
 
 #[tokio::test]
@@ -351,7 +326,7 @@ async fn rules_arrive_change_get_nacked_and_survive_a_server_restart() {
     let (ack, _) = ads.next_request().await;
     assert_eq!(ack.version_info, "v2");
     assert!(ack.error_detail.is_none());
-    wait_for_limit(&server, 7).await;
+    wait_for_limit(&server, "xds", PROBE, Some(7)).await;
 
     // UNKNOWN unit: invalid, as a file without `unit:` is.
     ads.push("v3", rules("broken-resource", 0, 3));
@@ -368,7 +343,7 @@ async fn rules_arrive_change_get_nacked_and_survive_a_server_restart() {
     );
     assert_eq!(limit(&server).await, Some(7), "old rules still answer");
     assert!(
-        metric(&server, "floodgate_config_load_error_total")
+        metric_line(server.http, "floodgate_config_load_error_total")
             .await
             .ends_with(" 1")
     );
@@ -385,7 +360,7 @@ async fn rules_arrive_change_get_nacked_and_survive_a_server_restart() {
     assert_eq!(resubscribe.type_url, TYPE_URL);
     let (ack, _) = ads.next_request().await;
     assert_eq!(ack.version_info, "v4");
-    wait_for_limit(&server, 9).await;
+    wait_for_limit(&server, "xds", PROBE, Some(9)).await;
     server.stop().await;
 }
 
@@ -408,13 +383,10 @@ async fn readiness(server: &TestServer) -> (bool, bool) {
 /// Polls until gRPC health and `/healthcheck` both say `ready` (bounded); returns whether
 /// they did.
 async fn wait_for_readiness(server: &TestServer, ready: bool) -> bool {
-    for _ in 0..100 {
-        if readiness(server).await == (ready, ready) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    eventually(Duration::from_secs(5), async || {
+        readiness(server).await == (ready, ready)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -446,7 +418,7 @@ async fn forced_start_serves_at_once_and_is_ready_only_with_rules() {
     ads.push("v1", rules("first", 2, 5));
     let (ack, _) = ads.next_request().await;
     assert_eq!(ack.version_info, "v1");
-    wait_for_limit(&server, 5).await;
+    wait_for_limit(&server, "xds", PROBE, Some(5)).await;
     assert!(
         wait_for_readiness(&server, true).await,
         "ready once rules arrived"
@@ -577,19 +549,17 @@ async fn an_empty_snapshot_leaves_no_domain_and_says_so_in_a_metric() {
     })
     .await;
     assert_eq!(
-        metric(&server, "floodgate_loaded_domains ").await,
+        metric_line(server.http, "floodgate_loaded_domains ").await,
         "floodgate_loaded_domains 1"
     );
     ads.push("v2", Vec::new());
-    for _ in 0..200 {
-        if limit(&server).await.is_none() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually(Duration::from_secs(5), async || {
+        limit(&server).await.is_none()
+    })
+    .await;
     assert_eq!(limit(&server).await, None, "the empty snapshot is applied");
     assert_eq!(
-        metric(&server, "floodgate_loaded_domains ").await,
+        metric_line(server.http, "floodgate_loaded_domains ").await,
         "floodgate_loaded_domains 0"
     );
     assert!(wait_for_readiness(&server, true).await, "health stays OK");

@@ -53,6 +53,78 @@ pub async fn away_from_an_hour_boundary() {
     }
 }
 
+/// Runs `check` every 50 ms until it holds, for at most `limit`, and says whether it did:
+/// for what settles in the background (a reload, a reconnection, a flush, an exit). The
+/// caller asserts on the answer, or on what `check` recorded on its last run. Runs on Tokio's
+/// clock, so not under a paused one.
+pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `/metrics` text of the admin server at `http`.
+pub async fn scrape(http: std::net::SocketAddr) -> String {
+    let (status, text) = self::http("GET", &format!("http://{http}/metrics"), "").await;
+    assert_eq!(status, 200);
+    text
+}
+
+/// The value of the sample whose name and labels are exactly `series` in a `/metrics` text,
+/// read as Prometheus reads it (a float).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix(series))
+        .find_map(|rest| rest.strip_prefix(' '))
+        .map(|value| value.trim().parse().expect("sample value"))
+}
+
+/// The first line of the admin server's `/metrics` that starts with `prefix`, or "".
+pub async fn metric_line(http: std::net::SocketAddr, prefix: &str) -> String {
+    let text = scrape(http).await;
+    text.lines()
+        .find(|line| line.starts_with(prefix))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The `requests_per_unit` of the limit `domain` applies to the descriptor `(key, value)`,
+/// or None without one; the call counts as a hit.
+pub async fn current_limit(server: &TestServer, domain: &str, entry: (&str, &str)) -> Option<u32> {
+    let mut client = server.client().await;
+    let call = request(domain, vec![descriptor(&[entry])]);
+    should_rate_limit(&mut client, call).await.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|limit| limit.requests_per_unit)
+}
+
+/// Polls (bounded) until [`current_limit`] is `expected`: rules are swapped in the background.
+pub async fn wait_for_limit(
+    server: &TestServer,
+    domain: &str,
+    entry: (&str, &str),
+    expected: Option<u32>,
+) {
+    let mut seen = None;
+    let reached = eventually(Duration::from_secs(10), async || {
+        seen = current_limit(server, domain, entry).await;
+        seen == expected
+    })
+    .await;
+    assert!(
+        reached,
+        "domain {domain}: expected limit {expected:?}, still {seen:?}"
+    );
+}
+
 /// Redis backend options with a per-call bound of `timeout`.
 pub fn redis_options(timeout: Duration) -> floodgate::backend::redis::RedisOptions {
     floodgate::backend::redis::RedisOptions {
@@ -311,26 +383,23 @@ impl Binary {
 
     /// Waits (bounded) for the process to exit and returns its exit code. Async, so the
     /// test's own connections keep running and can answer the server's GOAWAY.
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "a child process runs on real time, whatever the test's clock"
-    )]
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                // The log ends when the process does: wait for its last lines.
-                if let Some(reader) = self.reader.take() {
-                    let _ = reader.join();
-                }
-                return status.code();
-            }
-            if std::time::Instant::now() >= deadline {
-                let _ = self.child.kill();
-                panic!("floodgate did not exit within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut status = None;
+        let child = &mut self.child;
+        let exited = eventually(limit, async || {
+            status = child.try_wait().expect("try_wait");
+            status.is_some()
+        })
+        .await;
+        if !exited {
+            let _ = self.child.kill();
+            panic!("floodgate did not exit within {limit:?}");
         }
+        // The log ends when the process does: wait for its last lines.
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        status.and_then(|status| status.code())
     }
 }
 

@@ -12,6 +12,9 @@
 //! stops startup; anything else it cannot honour is logged as a warning, one line per
 //! variable. An empty value counts as unset, as templated manifests often render one.
 //!
+//! A variable that stands in for one setting on its own value is a row of the table in
+//! `table.rs`; the functions here and in the `*_vars` files read the variables that combine.
+//!
 //! The environment is read through [`Environment`], so tests feed maps and never touch the
 //! process environment.
 
@@ -30,9 +33,11 @@ use super::{
 };
 use crate::otel::{OtlpProtocol, REFERENCE_SERVICE_NAME};
 use crate::telemetry::LevelFilter;
+use table::Gate;
 
 mod redis_vars;
 mod statsd_vars;
+mod table;
 mod tracing_vars;
 mod unsupported;
 mod xds_vars;
@@ -159,25 +164,12 @@ const fn setting(flag: &'static str) -> Setting {
 
 const CONFIG: Setting = setting("--config");
 const GRPC_ADDR: Setting = setting("--grpc-addr");
-const GRPC_UDS: Setting = setting("--grpc-uds");
 const HTTP_ADDR: Setting = setting("--http-addr");
 const BACKEND: Setting = setting("--backend");
 const REDIS_URL: Setting = setting("--redis-url");
 const REDIS_POOL_SIZE: Setting = setting("--redis-pool-size");
-const RESPONSE_HEADERS: Setting = setting("--response-headers");
-const LOCAL_CACHE_ENTRIES: Setting = setting("--local-cache-entries");
-const SHADOW_MODE: Setting = setting("--shadow-mode");
-const LOG_FORMAT: Setting = setting("--log-format");
-const KEY_PREFIX: Setting = setting("--key-prefix");
 const GRPC_TLS_CERT: Setting = setting("--grpc-tls-cert");
 const GRPC_TLS_KEY: Setting = setting("--grpc-tls-key");
-const GRPC_TLS_CLIENT_CA: Setting = setting("--grpc-tls-client-ca");
-const GRPC_TLS_CLIENT_SAN: Setting = setting("--grpc-tls-client-san");
-const GRPC_MAX_CONNECTION_AGE: Setting = setting("--grpc-max-connection-age");
-const GRPC_MAX_CONNECTION_AGE_GRACE: Setting = setting("--grpc-max-connection-age-grace");
-const REDIS_TLS_CLIENT_CERT: Setting = setting("--redis-tls-client-cert");
-const REDIS_TLS_CLIENT_KEY: Setting = setting("--redis-tls-client-key");
-const REDIS_CA_FILE: Setting = setting("--redis-ca-file");
 const REDIS_SENTINEL_MASTER: Setting = setting("--redis-sentinel-master");
 const REDIS_MASTER_AUTH: Setting = setting("--redis-master-auth");
 const PER_SECOND_BACKEND: Setting = setting("--per-second-backend");
@@ -185,55 +177,11 @@ const PER_SECOND_REDIS_URL: Setting = setting("--per-second-redis-url");
 const PER_SECOND_REDIS_POOL_SIZE: Setting = setting("--per-second-redis-pool-size");
 const PER_SECOND_REDIS_SENTINEL_MASTER: Setting = setting("--per-second-redis-sentinel-master");
 const PER_SECOND_REDIS_MASTER_AUTH: Setting = setting("--per-second-redis-master-auth");
-
-/// The reference variables of the gRPC listener's TLS, with the setting each stands in for;
-/// they apply only with `GRPC_SERVER_USE_TLS=true`, as in the reference.
-const GRPC_TLS_VARIABLES: [(&str, Setting); 4] = [
-    ("GRPC_SERVER_TLS_CERT", GRPC_TLS_CERT),
-    ("GRPC_SERVER_TLS_KEY", GRPC_TLS_KEY),
-    ("GRPC_CLIENT_TLS_CACERT", GRPC_TLS_CLIENT_CA),
-    ("GRPC_CLIENT_TLS_SAN", GRPC_TLS_CLIENT_SAN),
-];
-
-/// The reference variables of Redis TLS files, with the setting each stands in for.
-const REDIS_TLS_VARIABLES: [(&str, Setting); 3] = [
-    ("REDIS_TLS_CLIENT_CERT", REDIS_TLS_CLIENT_CERT),
-    ("REDIS_TLS_CLIENT_KEY", REDIS_TLS_CLIENT_KEY),
-    ("REDIS_TLS_CACERT", REDIS_CA_FILE),
-];
-const RESPONSE_DYNAMIC_METADATA: Setting = setting("--response-dynamic-metadata");
-const CONFIG_SOURCE: Setting = setting("--config-source");
-const XDS_SERVER: Setting = setting("--xds-server");
-const XDS_NODE_ID: Setting = setting("--xds-node-id");
-const XDS_NODE_METADATA: Setting = setting("--xds-node-metadata");
-const XDS_CLIENT_HEADERS: Setting = setting("--xds-client-headers");
-const XDS_TLS: Setting = setting("--xds-tls");
-const XDS_TLS_CERT: Setting = setting("--xds-tls-cert");
-const XDS_TLS_KEY: Setting = setting("--xds-tls-key");
-const XDS_TLS_CA: Setting = setting("--xds-tls-ca");
-const XDS_TLS_SAN: Setting = setting("--xds-tls-san");
-const XDS_MAX_MESSAGE_BYTES: Setting = setting("--xds-max-message-bytes");
-const XDS_BACKOFF_INITIAL: Setting = setting("--xds-backoff-initial-ms");
-const XDS_BACKOFF_MAX: Setting = setting("--xds-backoff-max-ms");
 const XDS_BACKOFF_JITTER: Setting = setting("--xds-backoff-jitter");
-const FORCE_START: Setting = setting("--force-start-without-initial-config");
-const HEALTHY_WITH_CONFIG: Setting = setting("--healthy-with-at-least-one-config-loaded");
 const OTLP_ENDPOINT: Setting = setting("--otlp-endpoint");
 const OTLP_PROTOCOL: Setting = setting("--otlp-protocol");
 const TRACING_SERVICE_NAME: Setting = setting("--tracing-service-name");
-const TRACING_SERVICE_NAMESPACE: Setting = setting("--tracing-service-namespace");
-const TRACING_SERVICE_INSTANCE_ID: Setting = setting("--tracing-service-instance-id");
-const TRACING_SAMPLING_RATE: Setting = setting("--tracing-sampling-rate");
 
-/// The reference's tracing variables besides `TRACING_ENABLED`; they do nothing while
-/// tracing is off (in the reference too) and are then reported.
-const TRACING_VARIABLES: [&str; 5] = [
-    "TRACING_EXPORTER_PROTOCOL",
-    "TRACING_SERVICE_NAME",
-    "TRACING_SERVICE_NAMESPACE",
-    "TRACING_SERVICE_INSTANCE_ID",
-    "TRACING_SAMPLING_RATE",
-];
 /// The standard variables that choose the OTLP transport, most specific first; the
 /// exporter itself reads the other `OTEL_EXPORTER_OTLP_*` ones.
 const OTLP_PROTOCOL_VARIABLES: [&str; 2] = [
@@ -290,10 +238,9 @@ pub fn apply(
     };
     mapper.listeners(args)?;
     mapper.grpc_tls(args)?;
-    mapper.grpc_connections(args)?;
     mapper.rules(args);
-    mapper.logging(args)?;
-    mapper.limiter(args)?;
+    mapper.log_level()?;
+    mapper.rows(args, Gate::Always)?;
     mapper.backend(args)?;
     mapper.per_second(args)?;
     mapper.xds(args)?;
@@ -372,9 +319,6 @@ impl Mapper<'_> {
         if self.claim(GRPC_ADDR, &["GRPC_HOST", "GRPC_PORT"]) {
             args.grpc_addr = self.listen_addr("GRPC_HOST", "GRPC_PORT", REFERENCE_GRPC_PORT)?;
         }
-        if self.claim(GRPC_UDS, &["GRPC_UDS"]) {
-            args.grpc_uds = self.get("GRPC_UDS").map(PathBuf::from);
-        }
         Ok(())
     }
 
@@ -407,7 +351,7 @@ impl Mapper<'_> {
     fn grpc_tls(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
         let use_tls = self.parse("GRPC_SERVER_USE_TLS", parse_bool)?;
         if use_tls != Some(true) {
-            for (variable, _) in GRPC_TLS_VARIABLES {
+            for variable in table::variables(Gate::GrpcTls) {
                 if self.is_set(variable) {
                     self.warn(variable, "has no effect without GRPC_SERVER_USE_TLS=true");
                 }
@@ -425,34 +369,7 @@ impl Mapper<'_> {
             ));
         }
         self.claim(GRPC_TLS_CERT, &["GRPC_SERVER_USE_TLS"]);
-        for (variable, setting) in GRPC_TLS_VARIABLES {
-            if self.claim(setting, &[variable]) {
-                let value = self.get(variable).unwrap_or_default();
-                match setting {
-                    GRPC_TLS_CERT => args.grpc_tls_cert = Some(PathBuf::from(value)),
-                    GRPC_TLS_KEY => args.grpc_tls_key = Some(PathBuf::from(value)),
-                    GRPC_TLS_CLIENT_CA => args.grpc_tls_client_ca = Some(PathBuf::from(value)),
-                    _ => args.grpc_tls_client_san = Some(value),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// `GRPC_MAX_CONNECTION_AGE` and `_GRACE`, Go durations as in the reference.
-    fn grpc_connections(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
-        if self.claim(GRPC_MAX_CONNECTION_AGE, &["GRPC_MAX_CONNECTION_AGE"])
-            && let Some(age) = self.parse("GRPC_MAX_CONNECTION_AGE", str::parse::<GoDuration>)?
-        {
-            args.grpc_max_connection_age = age;
-        }
-        let grace = "GRPC_MAX_CONNECTION_AGE_GRACE";
-        if self.claim(GRPC_MAX_CONNECTION_AGE_GRACE, &[grace])
-            && let Some(value) = self.parse(grace, str::parse::<GoDuration>)?
-        {
-            args.grpc_max_connection_age_grace = value;
-        }
-        Ok(())
+        self.rows(args, Gate::GrpcTls)
     }
 
     /// The rule directory: `<RUNTIME_ROOT>/<RUNTIME_SUBDIRECTORY>/<RUNTIME_APPDIRECTORY>`,
@@ -492,7 +409,8 @@ impl Mapper<'_> {
         }
     }
 
-    fn logging(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
+    /// `LOG_LEVEL` stands in for `RUST_LOG`, not a flag.
+    fn log_level(&mut self) -> Result<(), ReferenceEnvError> {
         if self.is_set("LOG_LEVEL") {
             if self.is_set("RUST_LOG") {
                 self.report.overridden.push(("LOG_LEVEL", "RUST_LOG"));
@@ -500,44 +418,6 @@ impl Mapper<'_> {
                 self.report.log_level = self.parse("LOG_LEVEL", parse_level)?;
                 self.report.applied.push(("LOG_LEVEL", "RUST_LOG"));
             }
-        }
-        if self.claim(LOG_FORMAT, &["LOG_FORMAT"]) {
-            let format = self.parse("LOG_FORMAT", |value| {
-                match value.to_ascii_lowercase().as_str() {
-                    "json" => Ok(LogFormat::Json),
-                    "text" => Ok(LogFormat::Text),
-                    _ => Err(format!("`{value}` is neither `json` nor `text`")),
-                }
-            })?;
-            args.log_format = format.unwrap_or(args.log_format);
-        }
-        Ok(())
-    }
-
-    fn limiter(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
-        if self.claim(SHADOW_MODE, &["SHADOW_MODE"]) {
-            args.shadow_mode = self.parse("SHADOW_MODE", parse_bool)? == Some(true);
-        }
-        if self.claim(RESPONSE_HEADERS, &["LIMIT_RESPONSE_HEADERS_ENABLED"]) {
-            // The reference's headers are the plain-integer RateLimit-Limit/Remaining/Reset.
-            let enabled = self.parse("LIMIT_RESPONSE_HEADERS_ENABLED", parse_bool)?;
-            args.response_headers = if enabled == Some(true) {
-                ResponseHeaders::Legacy
-            } else {
-                ResponseHeaders::Off
-            };
-        }
-        if self.claim(LOCAL_CACHE_ENTRIES, &["LOCAL_CACHE_SIZE_IN_BYTES"]) {
-            let bytes = self.parse("LOCAL_CACHE_SIZE_IN_BYTES", |value| {
-                value
-                    .parse::<u64>()
-                    .map_err(|_| format!("`{value}` is not a number of bytes"))
-            })?;
-            let entries = bytes.unwrap_or(0) / ASSUMED_BYTES_PER_CACHE_ENTRY;
-            args.local_cache_entries = usize::try_from(entries).unwrap_or(usize::MAX);
-        }
-        if self.claim(KEY_PREFIX, &["CACHE_KEY_PREFIX"]) {
-            args.key_prefix = self.get("CACHE_KEY_PREFIX").unwrap_or_default();
         }
         Ok(())
     }

@@ -19,9 +19,7 @@ impl Mapper<'_> {
             self.report.applied.push((redis_set[0], BACKEND.flag));
         }
         if args.backend == BackendKind::Memory {
-            let tls_set: Vec<_> = REDIS_TLS_VARIABLES
-                .into_iter()
-                .map(|(name, _)| name)
+            let tls_set: Vec<_> = table::variables(Gate::Redis)
                 .filter(|name| self.is_set(name))
                 .collect();
             let unused = redis_set
@@ -33,16 +31,7 @@ impl Mapper<'_> {
                 .extend(unused.map(|name| (name, BACKEND.flag)));
             return Ok(());
         }
-        for (variable, setting) in REDIS_TLS_VARIABLES {
-            if self.claim(setting, &[variable]) {
-                let path = self.get(variable).map(PathBuf::from);
-                match setting {
-                    REDIS_TLS_CLIENT_CERT => args.redis_tls_client_cert = path,
-                    REDIS_TLS_CLIENT_KEY => args.redis_tls_client_key = path,
-                    _ => args.redis_ca_file = path,
-                }
-            }
-        }
+        self.rows(args, Gate::Redis)?;
         self.redis_connection(args, &MAIN_REDIS)?;
         if self.claim(REDIS_POOL_SIZE, &["REDIS_POOL_SIZE"]) {
             args.redis_pool_size = self

@@ -9,13 +9,12 @@
 //! to a port nobody may listen on is not taken silently, nor dropped silently).
 
 use super::*;
-use crate::statsd::{Flavor, Protocol, Tag};
+use crate::statsd::{Flavor, Protocol};
 
 const STATSD_ADDR: Setting = setting("--statsd-addr");
 const STATSD_PROTOCOL: Setting = setting("--statsd-protocol");
 const STATSD_FLAVOR: Setting = setting("--statsd-flavor");
 const STATSD_FLUSH_INTERVAL: Setting = setting("--statsd-flush-interval");
-const STATSD_TAGS: Setting = setting("--statsd-tags");
 
 /// The reference's StatsD host when `STATSD_HOST` is unset.
 const REFERENCE_STATSD_HOST: &str = "localhost";
@@ -86,17 +85,7 @@ impl Mapper<'_> {
             }
         }
         self.flush_interval(args)?;
-        if self.claim(STATSD_TAGS, &["EXTRA_TAGS"]) {
-            let tags = self.parse("EXTRA_TAGS", |value| {
-                value
-                    .split(',')
-                    .filter(|tag| !tag.trim().is_empty())
-                    .map(str::parse::<Tag>)
-                    .collect::<Result<Vec<_>, _>>()
-            })?;
-            args.statsd.statsd_tags = tags.unwrap_or_default();
-        }
-        Ok(())
+        self.rows(args, Gate::Statsd)
     }
 
     /// `STATS_FLUSH_INTERVAL` (a Go duration), else gostats' own

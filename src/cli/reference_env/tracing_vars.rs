@@ -19,7 +19,7 @@ impl Mapper<'_> {
             .as_ref()
             .is_some_and(|endpoint| !endpoint.is_empty());
         if !(tracing.tracing_from_environment || endpoint_given) {
-            for variable in TRACING_VARIABLES {
+            for variable in table::variables(Gate::Tracing) {
                 if self.is_set(variable) {
                     self.warn(
                         variable,
@@ -29,16 +29,9 @@ impl Mapper<'_> {
             }
             return Ok(());
         }
-        if self.claim(OTLP_PROTOCOL, &["TRACING_EXPORTER_PROTOCOL"]) {
-            let protocol = self.parse("TRACING_EXPORTER_PROTOCOL", |value| {
-                match value.to_ascii_lowercase().as_str() {
-                    "http" => Ok(OtlpProtocol::Http),
-                    "grpc" => Ok(OtlpProtocol::Grpc),
-                    _ => Err(format!("`{value}` is neither http nor grpc")),
-                }
-            })?;
-            tracing.otlp_protocol = protocol.unwrap_or(tracing.otlp_protocol);
-        } else if !self.explicit(OTLP_PROTOCOL)
+        // Without `TRACING_EXPORTER_PROTOCOL`, the standard variables choose the transport.
+        if !self.is_set("TRACING_EXPORTER_PROTOCOL")
+            && !self.explicit(OTLP_PROTOCOL)
             && let Some(name) = OTLP_PROTOCOL_VARIABLES
                 .into_iter()
                 .find(|name| self.is_set(name))
@@ -51,25 +44,13 @@ impl Mapper<'_> {
             })?;
             tracing.otlp_protocol = protocol.unwrap_or(tracing.otlp_protocol);
         }
-        if self.claim(TRACING_SERVICE_NAME, &["TRACING_SERVICE_NAME"]) {
-            tracing.tracing_service_name = self.get("TRACING_SERVICE_NAME").unwrap_or_default();
-        } else if tracing.tracing_from_environment && !self.explicit(TRACING_SERVICE_NAME) {
+        if tracing.tracing_from_environment
+            && !self.is_set("TRACING_SERVICE_NAME")
+            && !self.explicit(TRACING_SERVICE_NAME)
+        {
             // The reference's own default: its spans keep the name queries look for.
             tracing.tracing_service_name = REFERENCE_SERVICE_NAME.to_owned();
         }
-        if self.claim(TRACING_SERVICE_NAMESPACE, &["TRACING_SERVICE_NAMESPACE"]) {
-            tracing.tracing_service_namespace = self.get("TRACING_SERVICE_NAMESPACE");
-        }
-        if self.claim(
-            TRACING_SERVICE_INSTANCE_ID,
-            &["TRACING_SERVICE_INSTANCE_ID"],
-        ) {
-            tracing.tracing_service_instance_id = self.get("TRACING_SERVICE_INSTANCE_ID");
-        }
-        if self.claim(TRACING_SAMPLING_RATE, &["TRACING_SAMPLING_RATE"]) {
-            let rate = self.parse("TRACING_SAMPLING_RATE", parse_rate)?;
-            tracing.tracing_sampling_rate = rate.unwrap_or(tracing.tracing_sampling_rate);
-        }
-        Ok(())
+        self.rows(args, Gate::Tracing)
     }
 }

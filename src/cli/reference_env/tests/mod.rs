@@ -12,6 +12,7 @@ use crate::otel::TracingSettings;
 
 mod redis_vars;
 mod statsd_vars;
+mod table;
 mod xds_tracing;
 
 /// Parses `argv` as the binary does and applies `vars` as the reference environment.
@@ -62,51 +63,29 @@ fn warned(report: &Report) -> Vec<&str> {
 fn setting_ids_name_the_serve_arguments() {
     let command = Cli::command();
     let serve = command.find_subcommand("serve").unwrap();
-    for setting in [
+    let composites = [
         CONFIG,
         GRPC_ADDR,
-        GRPC_UDS,
         HTTP_ADDR,
         BACKEND,
         REDIS_URL,
         REDIS_POOL_SIZE,
-        RESPONSE_HEADERS,
-        LOCAL_CACHE_ENTRIES,
-        SHADOW_MODE,
-        LOG_FORMAT,
-        KEY_PREFIX,
         GRPC_TLS_CERT,
         GRPC_TLS_KEY,
-        GRPC_TLS_CLIENT_CA,
-        GRPC_TLS_CLIENT_SAN,
-        GRPC_MAX_CONNECTION_AGE,
-        GRPC_MAX_CONNECTION_AGE_GRACE,
-        REDIS_TLS_CLIENT_CERT,
-        REDIS_TLS_CLIENT_KEY,
-        REDIS_CA_FILE,
-        RESPONSE_DYNAMIC_METADATA,
-        CONFIG_SOURCE,
-        XDS_SERVER,
-        XDS_NODE_ID,
-        XDS_NODE_METADATA,
-        XDS_CLIENT_HEADERS,
-        XDS_TLS,
-        XDS_TLS_CERT,
-        XDS_TLS_KEY,
-        XDS_TLS_CA,
-        XDS_TLS_SAN,
-        XDS_BACKOFF_INITIAL,
-        XDS_BACKOFF_MAX,
+        REDIS_SENTINEL_MASTER,
+        REDIS_MASTER_AUTH,
+        PER_SECOND_BACKEND,
+        PER_SECOND_REDIS_URL,
+        PER_SECOND_REDIS_POOL_SIZE,
+        PER_SECOND_REDIS_SENTINEL_MASTER,
+        PER_SECOND_REDIS_MASTER_AUTH,
         XDS_BACKOFF_JITTER,
-        FORCE_START,
-        HEALTHY_WITH_CONFIG,
         OTLP_ENDPOINT,
         OTLP_PROTOCOL,
         TRACING_SERVICE_NAME,
-        TRACING_SERVICE_NAMESPACE,
-        TRACING_SERVICE_INSTANCE_ID,
-        TRACING_SAMPLING_RATE,
-    ] {
+    ];
+    let rows = super::table::ROWS.iter().map(|row| row.setting);
+    for setting in composites.into_iter().chain(rows) {
         let arg = serve
             .get_arguments()
             .find(|arg| arg.get_id() == setting.id().as_str())

@@ -28,7 +28,9 @@ use redis::cluster_routing::{
 };
 use tokio::time::{Instant, timeout_at};
 
-use super::scripts::{self, Call, ScriptSet, Scripting};
+use super::calls::{self, Call};
+use super::errors;
+use super::scripts::{ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund, undoable};
 use crate::redact::{Redacted, Secrets};
@@ -112,7 +114,7 @@ impl ClusterBackend {
         let deadline = Instant::now() + options.timeout;
         let conn = match timeout_at(deadline, client.get_async_connection()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => return Err(secrets.scrub(errors::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
         };
         let mut backend = Cluster {
@@ -157,7 +159,7 @@ impl Cluster {
     ) -> Result<T, BackendError> {
         match timeout_at(deadline, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),
         }
     }
@@ -170,7 +172,7 @@ impl Cluster {
         let first = call.command(&self.scripts, self.scripting.first());
         match timeout_at(deadline, first.query_async::<Value>(&mut conn)).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if scripts::is_missing_error(&e) => {
+            Ok(Err(e)) if errors::is_missing_error(&e) => {
                 let (load, via) = self.scripting.again(&self.scripts);
                 if let Some(load) = load {
                     let owner = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
@@ -183,7 +185,7 @@ impl Cluster {
                 self.bounded(deadline, again.query_async::<Value>(&mut conn))
                     .await
             }
-            Ok(Err(e)) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),
         }
     }
@@ -236,7 +238,7 @@ impl Cluster {
             let value = self
                 .run(&Call::charge(&item.charge, prefix), deadline)
                 .await?;
-            scripts::outcome(value).map_err(|e| self.secrets.scrub(e))
+            calls::outcome(value).map_err(|e| self.secrets.scrub(e))
         }))
         .await;
         let failure = results.iter().find_map(|r| r.as_ref().err()).cloned();
@@ -291,7 +293,7 @@ impl Cluster {
         let prefix = &self.options.key_prefix;
         let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
         for value in self.run_all(&calls).await? {
-            scripts::refunded(value).map_err(|e| self.secrets.scrub(e))?;
+            calls::refunded(value).map_err(|e| self.secrets.scrub(e))?;
         }
         Ok(())
     }

@@ -26,7 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
-use super::scripts::{self, BatchCall, Call, ScriptSet, Scripting, Via};
+use super::calls::{self, BatchCall, Call};
+use super::errors;
+use super::scripts::{ScriptSet, Scripting, Via};
 use super::sentinel::{Master, SentinelSettings};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
@@ -171,7 +173,7 @@ struct ConnectErrorLog(Secrets);
 
 impl bb8::ErrorSink<RedisError> for ConnectErrorLog {
     fn sink(&self, error: RedisError) {
-        let error = self.0.scrub(scripts::classify(&error));
+        let error = self.0.scrub(errors::classify(&error));
         tracing::debug!(%error, "redis connect failed");
     }
 
@@ -203,7 +205,7 @@ impl Borrowed {
                 if e.is_io_error() || e.is_unrecoverable_error() || is_readonly(&e) {
                     self.health.broken.store(true, Ordering::Relaxed);
                 }
-                Err(scripts::classify(&e))
+                Err(errors::classify(&e))
             }
             Ok(Ok(values)) => {
                 self.health.answered();
@@ -341,7 +343,7 @@ impl RedisBackend {
         let pool = match timeout_at(Instant::now() + options.timeout, builder.build(manager)).await
         {
             Ok(Ok(pool)) => pool,
-            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => return Err(secrets.scrub(errors::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
         };
         let mut node = Node {
@@ -404,9 +406,9 @@ impl Node {
                     health: Arc::clone(&link.health),
                 });
             }
-            Ok(Err(bb8::RunError::User(e))) => scripts::classify(&e),
+            Ok(Err(bb8::RunError::User(e))) => errors::classify(&e),
             Ok(Err(bb8::RunError::TimedOut)) | Err(_) => match &*self.last_connect_error.lock() {
-                Some(e) => scripts::classify(e),
+                Some(e) => errors::classify(e),
                 None => BackendError::Unavailable(
                     "no Redis connection available within the timeout".into(),
                 ),
@@ -426,7 +428,7 @@ impl Node {
             .pipeline(&mut conn, None, calls.iter(), first, deadline)
             .await?;
         let missing: Vec<usize> = (0..values.len())
-            .filter(|&i| scripts::is_missing(&values[i]))
+            .filter(|&i| errors::is_missing(&values[i]))
             .collect();
         if !missing.is_empty() {
             let (load, via) = self.scripting.again(&self.scripts);
@@ -444,6 +446,42 @@ impl Node {
             }
         }
         Ok(values)
+    }
+
+    /// Runs one batch call until `deadline`; a node that does not know the script or the
+    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
+    /// library's load in the same round trip: the first call did not run.
+    async fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Outcome>>, BackendError> {
+        let mut conn = self.borrow(deadline).await?;
+        let mut reply = Value::Nil;
+        for retry in [false, true] {
+            let (load, via) = match retry {
+                false => (None, self.scripting.first()),
+                true => self.scripting.again(&self.scripts),
+            };
+            let mut pipe = redis::pipe();
+            // The server's error comes back as the reply, so a missing script can be told
+            // apart.
+            pipe.ignore_errors();
+            if let Some(load) = load {
+                pipe.add_command(load);
+            }
+            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
+            let mut values = conn
+                .query(&pipe, deadline)
+                .await
+                .map_err(|e| self.secrets.scrub(e))?;
+            reply = values.pop().unwrap_or(Value::Nil);
+            if !errors::is_missing(&reply) {
+                break;
+            }
+        }
+        let items = calls.iter().map(|call| call.len()).sum();
+        calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
     }
 
     /// Runs `calls` as one pipeline, after `load` when given (its reply is dropped: a call
@@ -527,7 +565,7 @@ impl Backend for RedisBackend {
         let prefix = &node.options.key_prefix;
         let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
         for value in node.run(&calls).await? {
-            scripts::refunded(value).map_err(|e| node.secrets.scrub(e))?;
+            calls::refunded(value).map_err(|e| node.secrets.scrub(e))?;
         }
         Ok(())
     }

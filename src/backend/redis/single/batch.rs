@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::Node;
-use crate::backend::redis::scripts::{self, BatchCall};
+use crate::backend::redis::calls::BatchCall;
 use crate::backend::{BackendError, Outcome};
 
 /// Script calls in flight at once on the node's connections; more requests wait and share
@@ -193,44 +192,6 @@ async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
                 let _ = job.reply.send(Err(error.clone()));
             }
         }
-    }
-}
-
-impl Node {
-    /// Runs one batch call until `deadline`; a node that does not know the script or the
-    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
-    /// library's load in the same round trip: the first call did not run.
-    async fn run_batch(
-        &self,
-        calls: &[&BatchCall],
-        deadline: Instant,
-    ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        let mut conn = self.borrow(deadline).await?;
-        let mut reply = Value::Nil;
-        for retry in [false, true] {
-            let (load, via) = match retry {
-                false => (None, self.scripting.first()),
-                true => self.scripting.again(&self.scripts),
-            };
-            let mut pipe = redis::pipe();
-            // The server's error comes back as the reply, so a missing script can be told
-            // apart.
-            pipe.ignore_errors();
-            if let Some(load) = load {
-                pipe.add_command(load);
-            }
-            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
-            let mut values = conn
-                .query(&pipe, deadline)
-                .await
-                .map_err(|e| self.secrets.scrub(e))?;
-            reply = values.pop().unwrap_or(Value::Nil);
-            if !scripts::is_missing(&reply) {
-                break;
-            }
-        }
-        let items = calls.iter().map(|call| call.len()).sum();
-        scripts::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
     }
 }
 

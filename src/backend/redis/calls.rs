@@ -204,6 +204,21 @@ impl BatchCall {
     /// are written straight into the command buffer, so joining requests copies nothing else.
     pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
         let mut cmd = scripts.batch_head(via);
+        BatchCall::append(&mut cmd, calls, scripts);
+        cmd
+    }
+
+    /// The Redis Cluster form of [`BatchCall::command`]: `FCALL <library>_batch_slots 0
+    /// nkeys keys... G argv...`, the keys in ARGV so that they may lie in several slots of
+    /// the node that runs it.
+    pub(crate) fn command_across_slots(calls: &[&BatchCall], scripts: &ScriptSet) -> Cmd {
+        let mut cmd = scripts.batch_slots_head();
+        BatchCall::append(&mut cmd, calls, scripts);
+        cmd
+    }
+
+    /// `nkeys keys... G argv... [pinned time]`.
+    fn append(cmd: &mut Cmd, calls: &[&BatchCall], scripts: &ScriptSet) {
         cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
         for call in calls {
             cmd.arg(&call.keys);
@@ -213,7 +228,6 @@ impl BatchCall {
             cmd.arg(&call.argv);
         }
         cmd.arg(scripts.pinned_now());
-        cmd
     }
 }
 
@@ -389,6 +403,18 @@ mod tests {
         let batch = BatchCall::command(&[], &set, Via::Function);
         let name = set.library_name();
         assert_eq!(words(&batch)[..3], ["FCALL", &format!("{name}_batch"), "0"]);
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let charge = Charge {
+            bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
+            policy,
+            cost: 1,
+        };
+        let mut call = BatchCall::default();
+        call.push(&Group::independent(&[charge.clone()]), "fg");
+        let across = words(&BatchCall::command_across_slots(&[&call], &set));
+        let key = charge.bucket.redis_key("fg");
+        let function = format!("{name}_batch_slots");
+        assert_eq!(across[..6], ["FCALL", &function, "0", "1", &key, "1"]);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::BackendError;
 use crate::redact::REDACTED;
 
+mod batch;
 pub mod calls;
 pub mod cluster;
 mod errors;

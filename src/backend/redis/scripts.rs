@@ -132,6 +132,21 @@ const LIBRARY_HEAD: &str = concat!(
 /// Redis Cluster charges) is named after the algorithm.
 const BATCH_FUNCTION: &str = "batch";
 
+/// The Redis Cluster batch function's name after the library's (see `BATCH_SLOTS_HEAD`).
+const BATCH_SLOTS_FUNCTION: &str = "batch_slots";
+
+/// The start of the Redis Cluster batch function: the batch of `lua/batch.lua` over keys of
+/// many slots that one node holds. Declared keys of several slots are refused (`CROSSSLOT`)
+/// before any code runs, so its keys come first in ARGV (`nkeys key... G argv...`), and the
+/// function is registered with the flag `allow-cross-slot-keys`. A key the node does not
+/// hold (a slot moved or migrating) makes `redis.call` fail for that key, inside the group's
+/// `pcall`: that group alone fails, with its bookings undone, and the caller retries it.
+const BATCH_SLOTS_HEAD: &str = "local keys, rest = {}, {}
+for i = 1, tonumber(ARGV[1]) do keys[i] = ARGV[i + 1] end
+for i = #keys + 2, #ARGV do rest[#rest + 1] = ARGV[i] end
+KEYS, ARGV = keys, rest
+";
+
 const FIXED_WINDOW: &str = script!("fixed_window");
 const TOKEN_BUCKET: &str = script!("token_bucket");
 const SLIDING_WINDOW: &str = script!("sliding_window");
@@ -165,6 +180,8 @@ pub struct ScriptSet {
     sliding_window: Loaded,
     sliding_log: Loaded,
     batch: Loaded,
+    /// `FCALL` name of the Redis Cluster batch function (`BATCH_SLOTS_HEAD`).
+    batch_slots: String,
     library: Arc<Library>,
     /// Set for a pinned set only: the time its calls append to their ARGV.
     clock: Option<Arc<dyn Clock>>,
@@ -212,23 +229,37 @@ impl Library {
             "{LIBRARY_HEAD}local function tick(ARGV)\n{clock_line}{}end\n",
             now!()
         );
-        let hash = redis::Script::new(&body).get_hash()[..16].to_owned();
-        let name = format!("floodgate_{hash}");
-        let mut code = format!("#!lua name={name}\n{body}");
-        let mut register = |function: &str, run: &str| {
-            code.push_str(&format!(
-                "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
-                 tick(ARGV)\n{run}end)\n"
+        // Registered under `NAME_<function>`, NAME replaced by the library's name once the
+        // whole code is hashed.
+        let mut functions = String::new();
+        let mut register = |function: &str, head: &str, run: &str, flags: &str| {
+            functions.push_str(&format!(
+                "redis.register_function{{function_name = 'NAME_{function}', \
+                 callback = function(KEYS, ARGV)\n{head}tick(ARGV)\n{run}end, \
+                 flags = {{{flags}}}}}\n"
             ));
         };
-        register(BATCH_FUNCTION, include_str!("../../../lua/batch.lua"));
+        let batch = include_str!("../../../lua/batch.lua");
+        register(BATCH_FUNCTION, "", batch, "");
+        register(
+            BATCH_SLOTS_FUNCTION,
+            BATCH_SLOTS_HEAD,
+            batch,
+            "'allow-cross-slot-keys'",
+        );
         for algorithm in Algorithm::ALL {
             let index = batch_index(algorithm);
             register(
                 algorithm.as_str(),
+                "",
                 &format!("return ALGORITHMS[{index}](KEYS, ARGV)\n"),
+                "",
             );
         }
+        let hash = redis::Script::new(&format!("{body}{functions}")).get_hash()[..16].to_owned();
+        let name = format!("floodgate_{hash}");
+        let functions = functions.replace("'NAME_", &format!("'{name}_"));
+        let code = format!("#!lua name={name}\n{body}{functions}");
         Library { name, code }
     }
 
@@ -292,6 +323,7 @@ impl ScriptSet {
             sliding_window: script(Algorithm::SlidingWindow),
             sliding_log: script(Algorithm::SlidingLog),
             batch: Loaded::new(source_of(BATCH), library.function(BATCH_FUNCTION)),
+            batch_slots: library.function(BATCH_SLOTS_FUNCTION),
             library: Arc::new(library),
             clock,
         }
@@ -338,6 +370,14 @@ impl ScriptSet {
     /// The start of a call of the batch script named `via`.
     pub(super) fn batch_head(&self, via: Via) -> Cmd {
         via.command(&self.batch)
+    }
+
+    /// The start of a call of the Redis Cluster batch function (declaring no key, see
+    /// `BATCH_SLOTS_HEAD`), ready for its ARGV.
+    pub(super) fn batch_slots_head(&self) -> Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.batch_slots).arg(0);
+        cmd
     }
 
     /// Every script as Redis receives it, named after its file (`fixed_window.lua`, ...,
@@ -482,10 +522,11 @@ mod tests {
         assert_eq!(code.matches("local function cdiv").count(), 1);
         assert_eq!(code.matches(clock!()).count(), 1, "once, in tick");
         for function in ["batch", "fixed_window", "sliding_log"] {
-            let registered = format!("redis.register_function('{name}_{function}',");
+            let registered = format!("function_name = '{name}_{function}',");
             assert_eq!(code.matches(&registered).count(), 1, "{function}");
         }
-        assert_eq!(code.matches("redis.register_function(").count(), 5);
+        assert_eq!(code.matches("redis.register_function{").count(), 6);
+        assert_eq!(code.matches("'allow-cross-slot-keys'").count(), 1);
         assert_eq!(
             ScriptSet::new().library_name(),
             name,

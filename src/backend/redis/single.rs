@@ -22,7 +22,6 @@ use async_trait::async_trait;
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
@@ -32,9 +31,7 @@ use super::scripts::{ScriptSet, Scripting, Via};
 use super::sentinel::{Master, SentinelSettings};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
-use batch::{Backlog, Job};
-
-mod batch;
+use super::batch::{Lane, Runner};
 
 /// How long a connection may deliver no reply at all, while its calls time out, before it
 /// is retired as stalled (a slow command alone never retires it).
@@ -234,10 +231,8 @@ pub struct RedisBackend {
     /// `redis`, or `redis-sentinel` when Sentinel names the node.
     name: &'static str,
     node: Arc<Node>,
-    /// Requests waiting for the batcher (see `batch`).
-    queue: mpsc::UnboundedSender<Job>,
-    /// How long that queue is, in time.
-    backlog: Arc<Backlog>,
+    /// Requests waiting for the batcher (see `super::batch`).
+    lane: Lane,
 }
 
 /// The connection pool and what every call to the node needs.
@@ -356,15 +351,8 @@ impl RedisBackend {
         };
         node.scripting = node.preload().await?;
         let node = Arc::new(node);
-        let (queue, jobs) = mpsc::unbounded_channel();
-        let backlog = Arc::new(Backlog::default());
-        tokio::spawn(batch::run(Arc::clone(&node), Arc::clone(&backlog), jobs));
-        Ok(RedisBackend {
-            name,
-            node,
-            queue,
-            backlog,
-        })
+        let lane = Lane::start(Arc::clone(&node));
+        Ok(RedisBackend { name, node, lane })
     }
 }
 
@@ -448,42 +436,6 @@ impl Node {
         Ok(values)
     }
 
-    /// Runs one batch call until `deadline`; a node that does not know the script or the
-    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
-    /// library's load in the same round trip: the first call did not run.
-    async fn run_batch(
-        &self,
-        calls: &[&BatchCall],
-        deadline: Instant,
-    ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        let mut conn = self.borrow(deadline).await?;
-        let mut reply = Value::Nil;
-        for retry in [false, true] {
-            let (load, via) = match retry {
-                false => (None, self.scripting.first()),
-                true => self.scripting.again(&self.scripts),
-            };
-            let mut pipe = redis::pipe();
-            // The server's error comes back as the reply, so a missing script can be told
-            // apart.
-            pipe.ignore_errors();
-            if let Some(load) = load {
-                pipe.add_command(load);
-            }
-            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
-            let mut values = conn
-                .query(&pipe, deadline)
-                .await
-                .map_err(|e| self.secrets.scrub(e))?;
-            reply = values.pop().unwrap_or(Value::Nil);
-            if !errors::is_missing(&reply) {
-                break;
-            }
-        }
-        let items = calls.iter().map(|call| call.len()).sum();
-        calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
-    }
-
     /// Runs `calls` as one pipeline, after `load` when given (its reply is dropped: a call
     /// that still misses its function says so itself).
     async fn pipeline<'a>(
@@ -522,6 +474,45 @@ impl Node {
     }
 }
 
+/// The single node's batch calls, beside `Node::run` (the calls of refunds).
+impl Runner for Node {
+    /// Runs one batch call until `deadline`; a node that does not know the script or the
+    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
+    /// library's load in the same round trip: the first call did not run.
+    async fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Outcome>>, BackendError> {
+        let mut conn = self.borrow(deadline).await?;
+        let mut reply = Value::Nil;
+        for retry in [false, true] {
+            let (load, via) = match retry {
+                false => (None, self.scripting.first()),
+                true => self.scripting.again(&self.scripts),
+            };
+            let mut pipe = redis::pipe();
+            // The server's error comes back as the reply, so a missing script can be told
+            // apart.
+            pipe.ignore_errors();
+            if let Some(load) = load {
+                pipe.add_command(load);
+            }
+            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
+            let mut values = conn
+                .query(&pipe, deadline)
+                .await
+                .map_err(|e| self.secrets.scrub(e))?;
+            reply = values.pop().unwrap_or(Value::Nil);
+            if !errors::is_missing(&reply) {
+                break;
+            }
+        }
+        let items = calls.iter().map(|call| call.len()).sum();
+        calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
+    }
+}
+
 #[async_trait]
 impl Backend for RedisBackend {
     /// Joins the next batch script call (see `batch`): the whole group in one atomic step.
@@ -533,27 +524,12 @@ impl Backend for RedisBackend {
         let deadline = group
             .deadline
             .map_or(deadline, |caller| caller.min(deadline));
-        if !self.backlog.in_time(group.items.len(), deadline) {
-            return Err(BackendError::Overloaded);
-        }
-        let (reply, outcomes) = oneshot::channel();
-        let job = Job {
-            call: {
-                let mut call = BatchCall::default();
-                call.push(group, &self.node.options.key_prefix);
-                call
-            },
-            deadline,
-            reply,
-        };
-        self.backlog.queued(job.call.len());
-        self.queue
-            .send(job)
-            .map_err(|_| BackendError::Unavailable("the Redis batcher stopped".into()))?;
-        outcomes.await.unwrap_or_else(|_| {
-            Err(BackendError::Unavailable(
-                "the Redis batcher stopped".into(),
-            ))
+        let mut call = BatchCall::default();
+        call.push(group, &self.node.options.key_prefix);
+        self.lane.decide(call, deadline).await?.ok_or_else(|| {
+            BackendError::failed(
+                "a charge of this request failed in Redis (a key of another type?)",
+            )
         })
     }
 

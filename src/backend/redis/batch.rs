@@ -1,4 +1,5 @@
-//! Natural batching: requests bound for the node while script calls are in flight wait in a
+//! Natural batching, per node (one `Lane` for a single node, one per master of a Redis
+//! Cluster): requests bound for the node while script calls are in flight wait in a
 //! queue, and the next call takes all of them as one `lua/batch.lua` call. At low load a
 //! request finds a free slot and goes out at once; under load one call carries many
 //! requests, so Redis parses one command and floodgate makes one round trip for all of
@@ -17,9 +18,64 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::Node;
-use crate::backend::redis::calls::BatchCall;
+use super::calls::BatchCall;
 use crate::backend::{BackendError, Outcome};
+
+/// Where a lane's calls go: runs one batch call deciding every group of `calls`, in order,
+/// until `deadline`, and returns every item's outcome (`None` for the items of a group that
+/// failed inside the script).
+pub(super) trait Runner: Send + Sync + 'static {
+    fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Vec<Option<Outcome>>, BackendError>> + Send;
+}
+
+/// What a request's outcomes are: `None` when its group failed inside the script (a key of
+/// another type, or on Redis Cluster a key the node does not hold): nothing of it stands.
+pub(super) type Reply = Result<Option<Vec<Outcome>>, BackendError>;
+
+/// The queue of one node and its batcher, which runs until the lane is dropped.
+pub(super) struct Lane {
+    queue: mpsc::UnboundedSender<Job>,
+    backlog: Arc<Backlog>,
+}
+
+impl Lane {
+    /// Starts the batcher of `runner`.
+    pub(super) fn start(runner: Arc<impl Runner>) -> Lane {
+        let (queue, jobs) = mpsc::unbounded_channel();
+        let backlog = Arc::new(Backlog::default());
+        tokio::spawn(run(runner, Arc::clone(&backlog), jobs));
+        Lane { queue, backlog }
+    }
+
+    /// Queues `call` (one request's group) for the next batch call, unless the queue could
+    /// not send it before `deadline` (`Overloaded`, nothing booked).
+    pub(super) async fn decide(&self, call: BatchCall, deadline: Instant) -> Reply {
+        if !self.backlog.in_time(call.len(), deadline) {
+            return Err(BackendError::Overloaded);
+        }
+        let (reply, outcomes) = oneshot::channel();
+        let items = call.len();
+        let stopped = || BackendError::Unavailable("the Redis batcher stopped".into());
+        self.backlog.queued(items);
+        if self
+            .queue
+            .send(Job {
+                call,
+                deadline,
+                reply,
+            })
+            .is_err()
+        {
+            self.backlog.taken(items);
+            return Err(stopped());
+        }
+        outcomes.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
 
 /// Script calls in flight at once on the node's connections; more requests wait and share
 /// the next call. Redis runs one script at a time, so two keep it busy (one runs while the
@@ -42,7 +98,7 @@ const BUSY_ITEMS_PER_CALL: u64 = 8;
 
 /// The queue's length and drain rate (see the module doc).
 #[derive(Debug, Default)]
-pub(super) struct Backlog {
+struct Backlog {
     /// Items waiting for a call.
     queued: AtomicU64,
     /// Time the queue takes per item while busy, in ns; 0 when not known (not busy lately),
@@ -61,13 +117,13 @@ struct DrainWindow {
 
 impl Backlog {
     /// Whether `items` more, queued now, would be sent before `deadline`.
-    pub(super) fn in_time(&self, items: usize, deadline: Instant) -> bool {
+    fn in_time(&self, items: usize, deadline: Instant) -> bool {
         let item_ns = self.item_ns.load(Ordering::Relaxed);
         let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
         Instant::now() + Duration::from_nanos(ahead.saturating_mul(item_ns)) <= deadline
     }
 
-    pub(super) fn queued(&self, items: usize) {
+    fn queued(&self, items: usize) {
         self.queued.fetch_add(items as u64, Ordering::Relaxed);
     }
 
@@ -99,22 +155,22 @@ impl Backlog {
 }
 
 /// One request waiting for its call.
-pub(super) struct Job {
+struct Job {
     /// The request's group, encoded.
-    pub call: BatchCall,
+    call: BatchCall,
     /// When its caller stops waiting.
-    pub deadline: Instant,
+    deadline: Instant,
     /// Where its outcomes go.
-    pub reply: oneshot::Sender<Result<Vec<Outcome>, BackendError>>,
+    reply: oneshot::Sender<Reply>,
 }
 
-/// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the backend is
+/// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the lane is
 /// dropped (its sender closes the queue), then lets the calls in flight finish.
 ///
 /// The calls run inside this task (polled together), not in a task each: a batch costs no
 /// spawn and no extra wake-up between the batcher and the connection's driver.
-pub(super) async fn run(
-    node: Arc<Node>,
+async fn run(
+    node: Arc<impl Runner>,
     backlog: Arc<Backlog>,
     mut jobs: mpsc::UnboundedReceiver<Job>,
 ) {
@@ -148,13 +204,13 @@ pub(super) async fn run(
             batch.push(job);
         }
         backlog.taken(items);
-        in_flight.push(send(&node, &backlog, batch));
+        in_flight.push(send(&*node, &backlog, batch));
     }
     while in_flight.next().await.is_some() {}
 }
 
 /// Sends one call for `jobs` and hands each job its outcomes (or the call's error).
-async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
+async fn send(node: &impl Runner, backlog: &Backlog, jobs: Vec<Job>) {
     let now = Instant::now();
     // A caller that gave up or ran out of time is not sent: nothing is booked for it.
     let (live, late): (Vec<Job>, Vec<Job>) = jobs
@@ -179,12 +235,7 @@ async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
                 // A job whose charge failed in the script fails alone (nothing of it stands).
                 // Taken whole first: collecting into an Option would stop at the first None.
                 let mine: Vec<Option<Outcome>> = outcomes.by_ref().take(job.call.len()).collect();
-                let mine: Option<Vec<Outcome>> = mine.into_iter().collect();
-                let _ = job.reply.send(mine.ok_or_else(|| {
-                    BackendError::failed(
-                        "a charge of this request failed in Redis (a key of another type?)",
-                    )
-                }));
+                let _ = job.reply.send(Ok(mine.into_iter().collect()));
             }
         }
         Err(error) => {

@@ -410,7 +410,7 @@ mod tests {
             cost: 1,
         };
         let mut call = BatchCall::default();
-        call.push(&Group::independent(&[charge.clone()]), "fg");
+        call.push(&Group::independent(std::slice::from_ref(&charge)), "fg");
         let across = words(&BatchCall::command_across_slots(&[&call], &set));
         let key = charge.bucket.redis_key("fg");
         let function = format!("{name}_batch_slots");

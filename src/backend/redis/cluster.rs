@@ -57,6 +57,8 @@ const CLIENT_RETRIES: u32 = 3;
 /// Shortest wait before such a retry, in ms (the client's default of 1.28 s exceeds any
 /// sensible backend timeout).
 const MIN_RETRY_WAIT_MS: u64 = 10;
+/// Redirects by `MOVED` that one call follows itself after the client's (see `follow_moved`).
+const MAX_MOVED: usize = 3;
 /// Shortest time between two reads of the slot map: a resharding fails many groups at once,
 /// and one read serves them all.
 const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
@@ -259,7 +261,7 @@ impl Cluster {
     async fn run(&self, call: &Call, deadline: Instant) -> Result<Value, BackendError> {
         let mut conn = self.conn.clone();
         let first = call.command(&self.scripts, self.scripting.first());
-        match timeout_at(deadline, first.query_async::<Value>(&mut conn)).await {
+        match timeout_at(deadline, follow_moved(&mut conn, first)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) if errors::is_missing_error(&e) => {
                 let (load, via) = self.scripting.again(&self.scripts);
@@ -271,8 +273,7 @@ impl Cluster {
                         .await?;
                 }
                 let again = call.command(&self.scripts, via);
-                self.bounded(deadline, again.query_async::<Value>(&mut conn))
-                    .await
+                self.bounded(deadline, follow_moved(&mut conn, again)).await
             }
             Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),
@@ -422,7 +423,10 @@ impl Cluster {
         if !again.is_empty() {
             self.refresh_soon();
             let items: Vec<&Item> = again.iter().map(|&i| &group.items[i]).collect();
-            for (i, result) in again.into_iter().zip(self.charge_each(&items, deadline).await) {
+            for (i, result) in again
+                .into_iter()
+                .zip(self.charge_each(&items, deadline).await)
+            {
                 results[i] = Some(result);
             }
         }
@@ -434,8 +438,7 @@ impl Cluster {
 
     /// Reads the slot map again in the background, at most once per `MIN_REFRESH_GAP`.
     fn refresh_soon(self: &Arc<Self>) {
-        if self.scripting != Scripting::Functions || self.refreshing.swap(true, Ordering::AcqRel)
-        {
+        if self.scripting != Scripting::Functions || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let cluster = Arc::clone(self);
@@ -549,6 +552,28 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// Sends `cmd` (routed by its key through the client, which follows `MOVED` and `ASK` on its
+/// own), and when the client still answers `MOVED` (its retries went by a slot map read from
+/// a node that had not yet learnt of a slot's move), sends it to the node that the `MOVED`
+/// names, up to `MAX_MOVED` times. A `MOVED` means the command did not run, so it never
+/// runs twice.
+async fn follow_moved(conn: &mut ClusterConnection, cmd: redis::Cmd) -> redis::RedisResult<Value> {
+    let mut result = cmd.query_async::<Value>(conn).await;
+    for _ in 0..MAX_MOVED {
+        let target = match &result {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => e
+                .redirect_node()
+                .and_then(|(address, _)| address.rsplit_once(':'))
+                .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?))),
+            _ => None,
+        };
+        let Some((host, port)) = target else { break };
+        let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        result = conn.route_command(cmd.clone(), node).await;
+    }
+    result
 }
 
 #[async_trait]

@@ -25,13 +25,13 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
+use super::batch::{Lane, Runner};
 use super::calls::{self, BatchCall, Call};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via};
 use super::sentinel::{Master, SentinelSettings};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
-use super::batch::{Lane, Runner};
 
 /// How long a connection may deliver no reply at all, while its calls time out, before it
 /// is retired as stalled (a slow command alone never retires it).

@@ -113,7 +113,11 @@ mod tests {
         assert_eq!(slot_of(b"123456789"), 0x31C3);
         assert_eq!(slot_of(b"foo"), 12182);
         assert_eq!(slot_of(b"fg:{foo}"), 12182, "the hash tag decides");
-        assert_eq!(slot_of(b"x{}foo"), slot_of(b"x{}foo"), "an empty tag hashes all");
+        assert_eq!(
+            slot_of(b"x{}foo"),
+            slot_of(b"x{}foo"),
+            "an empty tag hashes all"
+        );
         assert_ne!(slot_of(b"x{}foo"), slot_of(b""));
     }
 

@@ -1,8 +1,9 @@
 --[[
 floodgate: the shared head of every algorithm script, prepended to each when it is loaded
 (src/backend/redis/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads
-and checks the arguments every script takes (see each script's header for ARGV). The clock and
-the helpers come from lua/lib.lua, which runs once per script call.
+and checks the arguments every script takes (see each script's header for ARGV). `now` and the
+helpers (lua/lib.lua) are defined before it, once per call of a script, or once at FUNCTION
+LOAD for the library. The assembled text is written to target/lua-assembled/ by tests/lua.rs.
 ]]
 local key = KEYS[1]
 local op = ARGV[1]

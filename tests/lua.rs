@@ -9,13 +9,15 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use common::vectors::{self, Action, Observed};
 use floodgate::backend::redis::Scripting;
-use floodgate::backend::redis::scripts::{Argv, ScriptSet, source};
+use floodgate::backend::redis::calls::Argv;
+use floodgate::backend::redis::scripts::{ScriptSet, source};
 use floodgate::backend::{Backend, BucketKey, Charge, RedisBackend, RedisOptions, Refund};
 use floodgate::clock::ManualClock;
 use floodgate::rules::{Algorithm, OnOverLimit, Policy, Unit};
@@ -64,8 +66,7 @@ impl Lua {
 /// Runs the code of `argv`'s algorithm (`EVALSHA` or `FCALL`), with the pinned time after
 /// the ARGV when the set is pinned.
 fn eval(conn: &mut Connection, lua: &Lua, key: &str, argv: Argv) -> Vec<i64> {
-    lua.scripts
-        .command(lua.scripting, key, argv)
+    argv.command(key, &lua.scripts, lua.scripting)
         .query(conn)
         .unwrap()
 }
@@ -352,6 +353,24 @@ fn scripts_use_no_float_replies_or_undeclared_keys() {
             !src.contains("tostring("),
             "{algorithm}: tostring rounds to 14 digits"
         );
+    }
+}
+
+/// Writes what Redis runs, as assembled from `lua/`, to `target/lua-assembled/`: each
+/// algorithm's script, the batch script and the function library, for a reader to open.
+#[test]
+fn assembled_scripts_are_written_under_target() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target dir holds tmp/")
+        .join("lua-assembled");
+    std::fs::create_dir_all(&dir).unwrap();
+    let assembled = ScriptSet::new().assembled();
+    assert_eq!(assembled.len(), Algorithm::ALL.len() + 2);
+    for (name, code) in assembled {
+        let path = dir.join(&name);
+        std::fs::write(&path, &code).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), code, "{name}");
     }
 }
 

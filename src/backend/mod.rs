@@ -123,7 +123,7 @@ pub enum BackendError {
         /// What went wrong, free of addresses and credentials.
         detail: String,
         /// Whether waiting can help (a failover, a loading replica), decided where the error
-        /// was classified (`redis::scripts::classify`) so nobody reads it back from `detail`.
+        /// was classified (`redis::errors::classify`) so nobody reads it back from `detail`.
         transient: bool,
     },
     /// The settings cannot work (an invalid URL or option): retrying will not help.

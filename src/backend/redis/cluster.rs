@@ -1,10 +1,20 @@
 //! Redis Cluster through redis-rs' async cluster client.
 //!
 //! The client keeps one multiplexed connection per node, follows `MOVED`/`ASK`, retries
-//! `TRYAGAIN`/`CLUSTERDOWN` and refreshes the slot map after a failover. The charges of one
-//! request may live in different slots, so they run concurrently (one script call each,
-//! pipelined per node by the multiplexed connections) under one deadline.
+//! `TRYAGAIN`/`CLUSTERDOWN` and refreshes the slot map after a failover.
 //! `RedisOptions::pool_size` does not apply here.
+//!
+//! With the function library (Redis >= 7) requests are batched per master: each master has a
+//! queue and a batcher (`super::batch`), and a request's charges go to the masters that hold
+//! their slots (`slots`, read from `CLUSTER SLOTS`), one `FCALL` per master per batch. A
+//! request whose charges all live on one master is decided there all-or-nothing in one
+//! atomic step, as on a single node; one spread over several masters is decided on each
+//! and its bookings refunded when it ends rejected. While a slot moves, the groups that touch
+//! a key the master no longer holds fail inside the call, with nothing booked, and go again
+//! one key per call (which follows `MOVED`/`ASK`); the slot map is then read again.
+//!
+//! With scripts (`EVALSHA`), the charges of one request run concurrently, one script call
+//! each, pipelined per node by the multiplexed connections, under one deadline.
 //!
 //! Unlike the single-node backend, the client itself retries a command whose connection
 //! broke (up to `CLIENT_RETRIES`, within the call's timeout): if the script had already run
@@ -17,6 +27,8 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -28,10 +40,16 @@ use redis::cluster_routing::{
 };
 use tokio::time::{Instant, timeout_at};
 
-use super::scripts::{self, Call, ScriptSet, Scripting};
+use super::batch::{Lane, Runner};
+use super::calls::{self, BatchCall, Call};
+use super::errors;
+use super::scripts::{ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
-use crate::backend::{Backend, BackendError, Group, Outcome, Refund, undoable};
+use crate::backend::{Backend, BackendError, Group, Item, Outcome, Refund, undoable};
 use crate::redact::{Redacted, Secrets};
+use slots::{SlotMap, slot_of};
+
+mod slots;
 
 /// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
 /// timeout bounds them all the same.
@@ -39,6 +57,11 @@ const CLIENT_RETRIES: u32 = 3;
 /// Shortest wait before such a retry, in ms (the client's default of 1.28 s exceeds any
 /// sensible backend timeout).
 const MIN_RETRY_WAIT_MS: u64 = 10;
+/// Redirects by `MOVED` that one call follows itself after the client's (see `follow_moved`).
+const MAX_MOVED: usize = 3;
+/// Shortest time between two reads of the slot map: a resharding fails many groups at once,
+/// and one read serves them all.
+const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
 
 /// Rate limits in a Redis Cluster (docs/backends.md#redis-cluster).
 pub struct ClusterBackend(Arc<Cluster>);
@@ -52,6 +75,68 @@ struct Cluster {
     scripting: Scripting,
     options: RedisOptions,
     secrets: Secrets,
+    /// The slot map and a batcher per master (function library only).
+    topology: parking_lot::RwLock<Arc<Topology>>,
+    /// Set while a read of the slot map is under way or was made less than
+    /// `MIN_REFRESH_GAP` ago.
+    refreshing: AtomicBool,
+}
+
+/// The slot map and, for each of its masters in order, the batcher of its calls and the slot
+/// those calls are routed by.
+#[derive(Default)]
+struct Topology {
+    slots: SlotMap,
+    lanes: Vec<(u16, Arc<Lane>)>,
+}
+
+/// Sends a master's batch calls: `FCALL` of the cross-slot batch function, routed to the
+/// master of `slot` (one slot it held when the map was read).
+struct NodeLink {
+    conn: ClusterConnection,
+    scripts: ScriptSet,
+    secrets: Secrets,
+    slot: u16,
+}
+
+impl Runner for NodeLink {
+    /// One `FCALL` for `calls`; after `Function not found` the library is loaded on the same
+    /// node and the call goes again (the first one did not run).
+    async fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Outcome>>, BackendError> {
+        let route = || {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                self.slot,
+                SlotAddr::Master,
+            )))
+        };
+        let mut conn = self.conn.clone();
+        let mut reply = Value::Nil;
+        for retry in [false, true] {
+            if retry {
+                let load = self.scripts.library_load();
+                let loaded = timeout_at(deadline, conn.route_command(load, route())).await;
+                if let Ok(Err(e)) = loaded {
+                    return Err(self.secrets.scrub(errors::classify(&e)));
+                }
+            }
+            let cmd = BatchCall::command_across_slots(calls, &self.scripts);
+            reply = match timeout_at(deadline, conn.route_command(cmd, route())).await {
+                Ok(Ok(value)) => value,
+                Ok(Err(e)) if errors::is_missing_error(&e) && !retry => continue,
+                Ok(Err(e)) => return Err(self.secrets.scrub(errors::classify(&e))),
+                Err(_) => return Err(BackendError::Timeout),
+            };
+            if !errors::is_missing(&reply) {
+                break;
+            }
+        }
+        let items = calls.iter().map(|call| call.len()).sum();
+        calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
+    }
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -112,7 +197,7 @@ impl ClusterBackend {
         let deadline = Instant::now() + options.timeout;
         let conn = match timeout_at(deadline, client.get_async_connection()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => return Err(secrets.scrub(errors::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
         };
         let mut backend = Cluster {
@@ -121,8 +206,16 @@ impl ClusterBackend {
             scripting: options.scripting,
             options,
             secrets,
+            topology: parking_lot::RwLock::default(),
+            refreshing: AtomicBool::new(false),
         };
         backend.scripting = backend.preload().await?;
+        if backend.scripting == Scripting::Functions
+            && let Err(error) = backend.refresh().await
+        {
+            // Calls go one key each until a read of the map succeeds.
+            tracing::warn!(%error, "could not read the Redis Cluster slot map");
+        }
         Ok(ClusterBackend(Arc::new(backend)))
     }
 }
@@ -157,7 +250,7 @@ impl Cluster {
     ) -> Result<T, BackendError> {
         match timeout_at(deadline, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),
         }
     }
@@ -168,9 +261,9 @@ impl Cluster {
     async fn run(&self, call: &Call, deadline: Instant) -> Result<Value, BackendError> {
         let mut conn = self.conn.clone();
         let first = call.command(&self.scripts, self.scripting.first());
-        match timeout_at(deadline, first.query_async::<Value>(&mut conn)).await {
+        match timeout_at(deadline, follow_moved(&mut conn, first)).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if scripts::is_missing_error(&e) => {
+            Ok(Err(e)) if errors::is_missing_error(&e) => {
                 let (load, via) = self.scripting.again(&self.scripts);
                 if let Some(load) = load {
                     let owner = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
@@ -180,10 +273,9 @@ impl Cluster {
                         .await?;
                 }
                 let again = call.command(&self.scripts, via);
-                self.bounded(deadline, again.query_async::<Value>(&mut conn))
-                    .await
+                self.bounded(deadline, follow_moved(&mut conn, again)).await
             }
-            Ok(Err(e)) => Err(self.secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),
         }
     }
@@ -222,23 +314,188 @@ impl Cluster {
         })
     }
 
-    /// Charges every item concurrently (its buckets live in different slots), then undoes
-    /// the undoable bookings of a rejected request, or of a failed one unless
+    /// Charges every item (by node with the library, else one call each), then undoes the
+    /// undoable bookings of a rejected request, or of a failed one unless
     /// `keep_on_failure`. Also returns the refunds of the bookings that stand, should the
     /// caller be gone.
     async fn charge_and_settle(
         self: &Arc<Self>,
         group: &Group,
     ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
-        let prefix = &self.options.key_prefix;
         let deadline = Instant::now() + self.options.timeout;
-        let results = join_all(group.items.iter().map(|item| async move {
+        let deadline = group
+            .deadline
+            .map_or(deadline, |caller| caller.min(deadline));
+        let results = match self.scripting {
+            Scripting::Functions => self.charge_by_node(group, deadline).await,
+            Scripting::Auto | Scripting::Evalsha => {
+                let items: Vec<&Item> = group.items.iter().collect();
+                self.charge_each(&items, deadline).await
+            }
+        };
+        self.settle(group, results).await
+    }
+
+    /// Charges `items` concurrently, one script call each (their buckets live in different
+    /// slots); redis-rs follows `MOVED` and `ASK` for each.
+    async fn charge_each(
+        &self,
+        items: &[&Item],
+        deadline: Instant,
+    ) -> Vec<Result<Outcome, BackendError>> {
+        let prefix = &self.options.key_prefix;
+        join_all(items.iter().map(|item| async move {
             let value = self
                 .run(&Call::charge(&item.charge, prefix), deadline)
                 .await?;
-            scripts::outcome(value).map_err(|e| self.secrets.scrub(e))
+            calls::outcome(value).map_err(|e| self.secrets.scrub(e))
+        }))
+        .await
+    }
+
+    /// Charges `group` through the batchers of the masters that hold its buckets: whole (one
+    /// atomic step) when one master holds them all, else as independent charges per master.
+    /// A part that failed inside its call (a key the master does not hold while a slot moves,
+    /// or a key of another type) goes again one key per call; so does a group with a slot
+    /// the map does not know.
+    async fn charge_by_node(
+        self: &Arc<Self>,
+        group: &Group,
+        deadline: Instant,
+    ) -> Vec<Result<Outcome, BackendError>> {
+        let topology = Arc::clone(&self.topology.read());
+        let prefix = &self.options.key_prefix;
+        let owners: Option<Vec<usize>> = group
+            .items
+            .iter()
+            .map(|item| {
+                let key = item.charge.bucket.redis_key(prefix);
+                topology.slots.owner(slot_of(key.as_bytes()))
+            })
+            .collect();
+        let Some(owners) = owners.filter(|owners| !owners.is_empty()) else {
+            self.refresh_soon();
+            let items: Vec<&Item> = group.items.iter().collect();
+            return self.charge_each(&items, deadline).await;
+        };
+        let mut parts: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (index, &owner) in owners.iter().enumerate() {
+            match parts.iter_mut().find(|(node, _)| *node == owner) {
+                Some((_, indexes)) => indexes.push(index),
+                None => parts.push((owner, vec![index])),
+            }
+        }
+        let whole = parts.len() == 1;
+        let replies = join_all(parts.iter().map(|(node, indexes)| {
+            let mut call = BatchCall::default();
+            if whole {
+                call.push(group, prefix);
+            } else {
+                let part = Group {
+                    items: indexes.iter().map(|&i| group.items[i].clone()).collect(),
+                    ..Group::independent(&[])
+                };
+                call.push(&part, prefix);
+            }
+            topology.lanes[*node].1.decide(call, deadline)
         }))
         .await;
+        let mut results: Vec<Option<Result<Outcome, BackendError>>> = vec![None; owners.len()];
+        let mut again = Vec::new();
+        for ((_, indexes), reply) in parts.iter().zip(replies) {
+            match reply {
+                Ok(Some(outcomes)) => {
+                    for (&i, outcome) in indexes.iter().zip(outcomes) {
+                        results[i] = Some(Ok(outcome));
+                    }
+                }
+                Ok(None) => again.extend(indexes.iter().copied()),
+                Err(error) => {
+                    if !matches!(error, BackendError::Overloaded | BackendError::Timeout) {
+                        self.refresh_soon();
+                    }
+                    for &i in indexes {
+                        results[i] = Some(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        if !again.is_empty() {
+            self.refresh_soon();
+            let items: Vec<&Item> = again.iter().map(|&i| &group.items[i]).collect();
+            for (i, result) in again
+                .into_iter()
+                .zip(self.charge_each(&items, deadline).await)
+            {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| result.expect("every item is charged once"))
+            .collect()
+    }
+
+    /// Reads the slot map again in the background, at most once per `MIN_REFRESH_GAP`.
+    fn refresh_soon(self: &Arc<Self>) {
+        if self.scripting != Scripting::Functions || self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let cluster = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = cluster.refresh().await {
+                tracing::debug!(%error, "could not read the Redis Cluster slot map");
+            }
+            tokio::time::sleep(MIN_REFRESH_GAP).await;
+            cluster.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Reads the slot map (`CLUSTER SLOTS`) and gives each master a batcher, keeping those of
+    /// masters whose routing slot they still hold.
+    async fn refresh(&self) -> Result<(), BackendError> {
+        let deadline = Instant::now() + self.options.timeout;
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+        let reply = self.bounded(deadline, conn.route_command(cmd, any)).await?;
+        let slots = SlotMap::parse(&reply).map_err(BackendError::failed)?;
+        let old = Arc::clone(&self.topology.read());
+        let mut lanes = Vec::with_capacity(slots.masters().len());
+        for (index, address) in slots.masters().iter().enumerate() {
+            let kept = old
+                .slots
+                .masters()
+                .iter()
+                .position(|old_address| old_address == address)
+                .map(|old_index| &old.lanes[old_index])
+                .filter(|(slot, _)| slots.owner(*slot) == Some(index));
+            let lane = match kept {
+                Some(kept) => kept.clone(),
+                None => {
+                    let slot = slots.first_slot(index);
+                    let link = NodeLink {
+                        conn: self.conn.clone(),
+                        scripts: self.scripts.clone(),
+                        secrets: self.secrets.clone(),
+                        slot,
+                    };
+                    (slot, Arc::new(Lane::start(Arc::new(link))))
+                }
+            };
+            lanes.push(lane);
+        }
+        *self.topology.write() = Arc::new(Topology { slots, lanes });
+        Ok(())
+    }
+
+    /// Undoes what `group`'s `results` say must not stand (see `charge_and_settle`).
+    async fn settle(
+        &self,
+        group: &Group,
+        results: Vec<Result<Outcome, BackendError>>,
+    ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
         let failure = results.iter().find_map(|r| r.as_ref().err()).cloned();
         let undo_all = match &failure {
             Some(_) => !group.keep_on_failure,
@@ -291,10 +548,32 @@ impl Cluster {
         let prefix = &self.options.key_prefix;
         let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
         for value in self.run_all(&calls).await? {
-            scripts::refunded(value).map_err(|e| self.secrets.scrub(e))?;
+            calls::refunded(value).map_err(|e| self.secrets.scrub(e))?;
         }
         Ok(())
     }
+}
+
+/// Sends `cmd` (routed by its key through the client, which follows `MOVED` and `ASK` on its
+/// own), and when the client still answers `MOVED` (its retries went by a slot map read from
+/// a node that had not yet learnt of a slot's move), sends it to the node that the `MOVED`
+/// names, up to `MAX_MOVED` times. A `MOVED` means the command did not run, so it never
+/// runs twice.
+async fn follow_moved(conn: &mut ClusterConnection, cmd: redis::Cmd) -> redis::RedisResult<Value> {
+    let mut result = cmd.query_async::<Value>(conn).await;
+    for _ in 0..MAX_MOVED {
+        let target = match &result {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => e
+                .redirect_node()
+                .and_then(|(address, _)| address.rsplit_once(':'))
+                .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?))),
+            _ => None,
+        };
+        let Some((host, port)) = target else { break };
+        let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        result = conn.route_command(cmd.clone(), node).await;
+    }
+    result
 }
 
 #[async_trait]

@@ -10,7 +10,10 @@ use std::time::Duration;
 use super::BackendError;
 use crate::redact::REDACTED;
 
+mod batch;
+pub mod calls;
 pub mod cluster;
+mod errors;
 pub mod scripts;
 pub mod sentinel;
 pub mod single;

@@ -276,7 +276,7 @@ async fn watch(client: redis::Client, master: String, epoch: Arc<AtomicU64>, sec
                 tracing::debug!(master = %master, "Sentinel subscription lost");
             }
             Err(error) => {
-                let error = secrets.scrub(super::scripts::classify(&error));
+                let error = secrets.scrub(super::errors::classify(&error));
                 tracing::debug!(master = %master, %error, "Sentinel subscription failed");
             }
         }

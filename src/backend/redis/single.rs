@@ -22,17 +22,16 @@ use async_trait::async_trait;
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
-use super::scripts::{self, BatchCall, Call, ScriptSet, Scripting, Via};
+use super::batch::{Lane, Runner};
+use super::calls::{self, BatchCall, Call};
+use super::errors;
+use super::scripts::{ScriptSet, Scripting, Via};
 use super::sentinel::{Master, SentinelSettings};
 use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
 use crate::redact::{Redacted, Secrets};
-use batch::{Backlog, Job};
-
-mod batch;
 
 /// How long a connection may deliver no reply at all, while its calls time out, before it
 /// is retired as stalled (a slow command alone never retires it).
@@ -171,7 +170,7 @@ struct ConnectErrorLog(Secrets);
 
 impl bb8::ErrorSink<RedisError> for ConnectErrorLog {
     fn sink(&self, error: RedisError) {
-        let error = self.0.scrub(scripts::classify(&error));
+        let error = self.0.scrub(errors::classify(&error));
         tracing::debug!(%error, "redis connect failed");
     }
 
@@ -203,7 +202,7 @@ impl Borrowed {
                 if e.is_io_error() || e.is_unrecoverable_error() || is_readonly(&e) {
                     self.health.broken.store(true, Ordering::Relaxed);
                 }
-                Err(scripts::classify(&e))
+                Err(errors::classify(&e))
             }
             Ok(Ok(values)) => {
                 self.health.answered();
@@ -232,10 +231,8 @@ pub struct RedisBackend {
     /// `redis`, or `redis-sentinel` when Sentinel names the node.
     name: &'static str,
     node: Arc<Node>,
-    /// Requests waiting for the batcher (see `batch`).
-    queue: mpsc::UnboundedSender<Job>,
-    /// How long that queue is, in time.
-    backlog: Arc<Backlog>,
+    /// Requests waiting for the batcher (see `super::batch`).
+    lane: Lane,
 }
 
 /// The connection pool and what every call to the node needs.
@@ -341,7 +338,7 @@ impl RedisBackend {
         let pool = match timeout_at(Instant::now() + options.timeout, builder.build(manager)).await
         {
             Ok(Ok(pool)) => pool,
-            Ok(Err(e)) => return Err(secrets.scrub(scripts::classify(&e))),
+            Ok(Err(e)) => return Err(secrets.scrub(errors::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
         };
         let mut node = Node {
@@ -354,15 +351,8 @@ impl RedisBackend {
         };
         node.scripting = node.preload().await?;
         let node = Arc::new(node);
-        let (queue, jobs) = mpsc::unbounded_channel();
-        let backlog = Arc::new(Backlog::default());
-        tokio::spawn(batch::run(Arc::clone(&node), Arc::clone(&backlog), jobs));
-        Ok(RedisBackend {
-            name,
-            node,
-            queue,
-            backlog,
-        })
+        let lane = Lane::start(Arc::clone(&node));
+        Ok(RedisBackend { name, node, lane })
     }
 }
 
@@ -404,9 +394,9 @@ impl Node {
                     health: Arc::clone(&link.health),
                 });
             }
-            Ok(Err(bb8::RunError::User(e))) => scripts::classify(&e),
+            Ok(Err(bb8::RunError::User(e))) => errors::classify(&e),
             Ok(Err(bb8::RunError::TimedOut)) | Err(_) => match &*self.last_connect_error.lock() {
-                Some(e) => scripts::classify(e),
+                Some(e) => errors::classify(e),
                 None => BackendError::Unavailable(
                     "no Redis connection available within the timeout".into(),
                 ),
@@ -426,7 +416,7 @@ impl Node {
             .pipeline(&mut conn, None, calls.iter(), first, deadline)
             .await?;
         let missing: Vec<usize> = (0..values.len())
-            .filter(|&i| scripts::is_missing(&values[i]))
+            .filter(|&i| errors::is_missing(&values[i]))
             .collect();
         if !missing.is_empty() {
             let (load, via) = self.scripting.again(&self.scripts);
@@ -484,6 +474,45 @@ impl Node {
     }
 }
 
+/// The single node's batch calls, beside `Node::run` (the calls of refunds).
+impl Runner for Node {
+    /// Runs one batch call until `deadline`; a node that does not know the script or the
+    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
+    /// library's load in the same round trip: the first call did not run.
+    async fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Outcome>>, BackendError> {
+        let mut conn = self.borrow(deadline).await?;
+        let mut reply = Value::Nil;
+        for retry in [false, true] {
+            let (load, via) = match retry {
+                false => (None, self.scripting.first()),
+                true => self.scripting.again(&self.scripts),
+            };
+            let mut pipe = redis::pipe();
+            // The server's error comes back as the reply, so a missing script can be told
+            // apart.
+            pipe.ignore_errors();
+            if let Some(load) = load {
+                pipe.add_command(load);
+            }
+            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
+            let mut values = conn
+                .query(&pipe, deadline)
+                .await
+                .map_err(|e| self.secrets.scrub(e))?;
+            reply = values.pop().unwrap_or(Value::Nil);
+            if !errors::is_missing(&reply) {
+                break;
+            }
+        }
+        let items = calls.iter().map(|call| call.len()).sum();
+        calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
+    }
+}
+
 #[async_trait]
 impl Backend for RedisBackend {
     /// Joins the next batch script call (see `batch`): the whole group in one atomic step.
@@ -495,27 +524,12 @@ impl Backend for RedisBackend {
         let deadline = group
             .deadline
             .map_or(deadline, |caller| caller.min(deadline));
-        if !self.backlog.in_time(group.items.len(), deadline) {
-            return Err(BackendError::Overloaded);
-        }
-        let (reply, outcomes) = oneshot::channel();
-        let job = Job {
-            call: {
-                let mut call = BatchCall::default();
-                call.push(group, &self.node.options.key_prefix);
-                call
-            },
-            deadline,
-            reply,
-        };
-        self.backlog.queued(job.call.len());
-        self.queue
-            .send(job)
-            .map_err(|_| BackendError::Unavailable("the Redis batcher stopped".into()))?;
-        outcomes.await.unwrap_or_else(|_| {
-            Err(BackendError::Unavailable(
-                "the Redis batcher stopped".into(),
-            ))
+        let mut call = BatchCall::default();
+        call.push(group, &self.node.options.key_prefix);
+        self.lane.decide(call, deadline).await?.ok_or_else(|| {
+            BackendError::failed(
+                "a charge of this request failed in Redis (a key of another type?)",
+            )
         })
     }
 
@@ -527,7 +541,7 @@ impl Backend for RedisBackend {
         let prefix = &node.options.key_prefix;
         let calls: Vec<Call> = refunds.iter().map(|r| Call::refund(r, prefix)).collect();
         for value in node.run(&calls).await? {
-            scripts::refunded(value).map_err(|e| node.secrets.scrub(e))?;
+            calls::refunded(value).map_err(|e| node.secrets.scrub(e))?;
         }
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! Natural batching: requests bound for the node while script calls are in flight wait in a
+//! Natural batching, per node (one `Lane` for a single node, one per master of a Redis
+//! Cluster): requests bound for the node while script calls are in flight wait in a
 //! queue, and the next call takes all of them as one `lua/batch.lua` call. At low load a
 //! request finds a free slot and goes out at once; under load one call carries many
 //! requests, so Redis parses one command and floodgate makes one round trip for all of
@@ -15,13 +16,67 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::Node;
-use crate::backend::redis::scripts::{self, BatchCall};
+use super::calls::BatchCall;
 use crate::backend::{BackendError, Outcome};
+
+/// Where a lane's calls go: runs one batch call deciding every group of `calls`, in order,
+/// until `deadline`, and returns every item's outcome (`None` for the items of a group that
+/// failed inside the script).
+pub(super) trait Runner: Send + Sync + 'static {
+    fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Vec<Option<Outcome>>, BackendError>> + Send;
+}
+
+/// What a request's outcomes are: `None` when its group failed inside the script (a key of
+/// another type, or on Redis Cluster a key the node does not hold): nothing of it stands.
+pub(super) type Reply = Result<Option<Vec<Outcome>>, BackendError>;
+
+/// The queue of one node and its batcher, which runs until the lane is dropped.
+pub(super) struct Lane {
+    queue: mpsc::UnboundedSender<Job>,
+    backlog: Arc<Backlog>,
+}
+
+impl Lane {
+    /// Starts the batcher of `runner`.
+    pub(super) fn start(runner: Arc<impl Runner>) -> Lane {
+        let (queue, jobs) = mpsc::unbounded_channel();
+        let backlog = Arc::new(Backlog::default());
+        tokio::spawn(run(runner, Arc::clone(&backlog), jobs));
+        Lane { queue, backlog }
+    }
+
+    /// Queues `call` (one request's group) for the next batch call, unless the queue could
+    /// not send it before `deadline` (`Overloaded`, nothing booked).
+    pub(super) async fn decide(&self, call: BatchCall, deadline: Instant) -> Reply {
+        if !self.backlog.in_time(call.len(), deadline) {
+            return Err(BackendError::Overloaded);
+        }
+        let (reply, outcomes) = oneshot::channel();
+        let items = call.len();
+        let stopped = || BackendError::Unavailable("the Redis batcher stopped".into());
+        self.backlog.queued(items);
+        if self
+            .queue
+            .send(Job {
+                call,
+                deadline,
+                reply,
+            })
+            .is_err()
+        {
+            self.backlog.taken(items);
+            return Err(stopped());
+        }
+        outcomes.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
 
 /// Script calls in flight at once on the node's connections; more requests wait and share
 /// the next call. Redis runs one script at a time, so two keep it busy (one runs while the
@@ -44,7 +99,7 @@ const BUSY_ITEMS_PER_CALL: u64 = 8;
 
 /// The queue's length and drain rate (see the module doc).
 #[derive(Debug, Default)]
-pub(super) struct Backlog {
+struct Backlog {
     /// Items waiting for a call.
     queued: AtomicU64,
     /// Time the queue takes per item while busy, in ns; 0 when not known (not busy lately),
@@ -66,14 +121,14 @@ impl Backlog {
     /// `deadline`: the answer still has its call and its way back to make, and the caller's
     /// clock started before the request reached us (time this process cannot see). Queueing
     /// past that only delays answers that would arrive too late anyway.
-    pub(super) fn in_time(&self, items: usize, deadline: Instant) -> bool {
+    fn in_time(&self, items: usize, deadline: Instant) -> bool {
         let item_ns = self.item_ns.load(Ordering::Relaxed);
         let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
         let wait = Duration::from_nanos(ahead.saturating_mul(item_ns));
         Instant::now() + wait.saturating_mul(2) <= deadline
     }
 
-    pub(super) fn queued(&self, items: usize) {
+    fn queued(&self, items: usize) {
         self.queued.fetch_add(items as u64, Ordering::Relaxed);
     }
 
@@ -105,22 +160,22 @@ impl Backlog {
 }
 
 /// One request waiting for its call.
-pub(super) struct Job {
+struct Job {
     /// The request's group, encoded.
-    pub call: BatchCall,
+    call: BatchCall,
     /// When its caller stops waiting.
-    pub deadline: Instant,
+    deadline: Instant,
     /// Where its outcomes go.
-    pub reply: oneshot::Sender<Result<Vec<Outcome>, BackendError>>,
+    reply: oneshot::Sender<Reply>,
 }
 
-/// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the backend is
+/// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the lane is
 /// dropped (its sender closes the queue), then lets the calls in flight finish.
 ///
 /// The calls run inside this task (polled together), not in a task each: a batch costs no
 /// spawn and no extra wake-up between the batcher and the connection's driver.
-pub(super) async fn run(
-    node: Arc<Node>,
+async fn run(
+    node: Arc<impl Runner>,
     backlog: Arc<Backlog>,
     mut jobs: mpsc::UnboundedReceiver<Job>,
 ) {
@@ -154,13 +209,13 @@ pub(super) async fn run(
             batch.push(job);
         }
         backlog.taken(items);
-        in_flight.push(send(&node, &backlog, batch));
+        in_flight.push(send(&*node, &backlog, batch));
     }
     while in_flight.next().await.is_some() {}
 }
 
 /// Sends one call for `jobs` and hands each job its outcomes (or the call's error).
-async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
+async fn send(node: &impl Runner, backlog: &Backlog, jobs: Vec<Job>) {
     let now = Instant::now();
     // A caller that gave up or ran out of time is not sent: nothing is booked for it.
     let (live, late): (Vec<Job>, Vec<Job>) = jobs
@@ -185,12 +240,7 @@ async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
                 // A job whose charge failed in the script fails alone (nothing of it stands).
                 // Taken whole first: collecting into an Option would stop at the first None.
                 let mine: Vec<Option<Outcome>> = outcomes.by_ref().take(job.call.len()).collect();
-                let mine: Option<Vec<Outcome>> = mine.into_iter().collect();
-                let _ = job.reply.send(mine.ok_or_else(|| {
-                    BackendError::failed(
-                        "a charge of this request failed in Redis (a key of another type?)",
-                    )
-                }));
+                let _ = job.reply.send(Ok(mine.into_iter().collect()));
             }
         }
         Err(error) => {
@@ -198,44 +248,6 @@ async fn send(node: &Node, backlog: &Backlog, jobs: Vec<Job>) {
                 let _ = job.reply.send(Err(error.clone()));
             }
         }
-    }
-}
-
-impl Node {
-    /// Runs one batch call until `deadline`; a node that does not know the script or the
-    /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
-    /// library's load in the same round trip: the first call did not run.
-    async fn run_batch(
-        &self,
-        calls: &[&BatchCall],
-        deadline: Instant,
-    ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        let mut conn = self.borrow(deadline).await?;
-        let mut reply = Value::Nil;
-        for retry in [false, true] {
-            let (load, via) = match retry {
-                false => (None, self.scripting.first()),
-                true => self.scripting.again(&self.scripts),
-            };
-            let mut pipe = redis::pipe();
-            // The server's error comes back as the reply, so a missing script can be told
-            // apart.
-            pipe.ignore_errors();
-            if let Some(load) = load {
-                pipe.add_command(load);
-            }
-            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
-            let mut values = conn
-                .query(&pipe, deadline)
-                .await
-                .map_err(|e| self.secrets.scrub(e))?;
-            reply = values.pop().unwrap_or(Value::Nil);
-            if !scripts::is_missing(&reply) {
-                break;
-            }
-        }
-        let items = calls.iter().map(|call| call.len()).sum();
-        scripts::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
     }
 }
 

@@ -138,10 +138,15 @@ where
     }
 }
 
+/// The backend's estimate of how long a request of so many charges would wait in its queue
+/// (`Backend::queue_wait`).
+pub type QueueWait = Box<dyn Fn(usize) -> Duration + Send + Sync>;
+
 /// The admission controller shared by every gRPC call.
-#[derive(Debug)]
 pub struct Admission {
     target: Duration,
+    /// The backend's queue, when it has one: asked before the call is matched.
+    queue_wait: Option<QueueWait>,
     /// Descriptors of the calls being served.
     in_flight: AtomicU64,
     /// Connections with at least one call being served.
@@ -164,11 +169,21 @@ impl Admission {
     pub fn new(target: Duration) -> Admission {
         Admission {
             target,
+            queue_wait: None,
             in_flight: AtomicU64::new(0),
             active_connections: AtomicU64::new(0),
             above_since_us: AtomicU64::new(0),
             origin: Instant::now(),
         }
+    }
+
+    /// Also sheds, before matching, a call whose wait in the backend's queue (at most its
+    /// `units` charges) would not leave as much time again before its deadline: the backend
+    /// would refuse it anyway after the match, and under a flood of wide requests the
+    /// matching alone took the CPU the served calls needed.
+    pub fn with_queue_wait(mut self, queue_wait: QueueWait) -> Admission {
+        self.queue_wait = Some(queue_wait);
+        self
     }
 
     /// Admits a call of `units` descriptors, or says why it must be answered at once.
@@ -189,6 +204,9 @@ impl Admission {
         });
         match deadline {
             Some(deadline) if deadline <= now + sojourn => return Err(ShedReason::Deadline),
+            Some(deadline) if !self.queue_in_time(units, now, deadline) => {
+                return Err(ShedReason::Backlog);
+            }
             Some(_) => {}
             None if self.standing_queue(now, sojourn) => return Err(ShedReason::Queue),
             None => {}
@@ -208,6 +226,15 @@ impl Admission {
             admission: self,
             units,
             connection: connection.cloned(),
+        })
+    }
+
+    /// Whether the backend's queue would send `units` charges with as much time again left
+    /// before `deadline` (as the batcher itself decides).
+    fn queue_in_time(&self, units: u64, now: Instant, deadline: Instant) -> bool {
+        self.queue_wait.as_ref().is_none_or(|queue_wait| {
+            let wait = queue_wait(usize::try_from(units).unwrap_or(usize::MAX));
+            now + wait.saturating_mul(2) <= deadline
         })
     }
 
@@ -279,6 +306,30 @@ mod tests {
             at,
             connection: Arc::clone(connection),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_the_backend_queue_cannot_serve_with_room_is_shed_before_matching() {
+        // The queue holds 1 ms of work per 10 charges ahead, these included.
+        let admission = Admission::new(DEFAULT_TARGET_LATENCY).with_queue_wait(Box::new(|items| {
+            Duration::from_micros(100) * u32::try_from(items + 30).unwrap()
+        }));
+        let now = Instant::now();
+        let in_ms = |ms| Some(now + Duration::from_millis(ms));
+        // 1 charge waits 3.1 ms: a 7 ms budget leaves room for its way back, 6 ms does not.
+        assert!(admission.admit(1, None, in_ms(7)).is_ok());
+        assert_eq!(
+            admission.admit(1, None, in_ms(6)).err(),
+            Some(ShedReason::Backlog)
+        );
+        // 64 charges wait 9.4 ms: they need 19 ms.
+        assert_eq!(
+            admission.admit(64, None, in_ms(18)).err(),
+            Some(ShedReason::Backlog)
+        );
+        assert!(admission.admit(64, None, in_ms(19)).is_ok());
+        // Without a deadline the queue alone sheds nothing.
+        assert!(admission.admit(64, None, None).is_ok());
     }
 
     #[tokio::test(start_paused = true)]

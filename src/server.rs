@@ -263,7 +263,11 @@ impl Server {
                     reason: reason.as_str(),
                 });
             }
-            Arc::new(Admission::new(target))
+            let backend = Arc::clone(&self.backend);
+            Arc::new(
+                Admission::new(target)
+                    .with_queue_wait(Box::new(move |items| backend.queue_wait(items))),
+            )
         });
         let mut service = RlsService::new(Arc::clone(&self.limiter), self.settings.header_mode)
             .with_dynamic_metadata(self.settings.response_dynamic_metadata)

@@ -82,4 +82,10 @@ impl Backend for Deferred {
     fn name(&self) -> &'static str {
         self.name
     }
+
+    fn queue_wait(&self, items: usize) -> std::time::Duration {
+        self.backend().map_or(std::time::Duration::ZERO, |backend| {
+            backend.queue_wait(items)
+        })
+    }
 }

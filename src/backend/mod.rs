@@ -330,6 +330,13 @@ pub trait Backend: Send + Sync + 'static {
     fn evictions(&self) -> Option<u64> {
         None
     }
+
+    /// How long a request of `items` charges queued now would wait before it is sent,
+    /// estimated from the recent drain rate; zero for a backend that does not queue or is
+    /// not busy. Admission sheds on it before a call is matched (`crate::admission`).
+    fn queue_wait(&self, _items: usize) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Which backend to run, and how to reach it.

@@ -99,6 +99,13 @@ impl Backend for PerSecondSplit {
         "per-second-split"
     }
 
+    /// The shorter of the two: a request may use only the less busy backend.
+    fn queue_wait(&self, items: usize) -> std::time::Duration {
+        self.main
+            .queue_wait(items)
+            .min(self.per_second.queue_wait(items))
+    }
+
     fn evictions(&self) -> Option<u64> {
         match (self.main.evictions(), self.per_second.evictions()) {
             (None, None) => None,

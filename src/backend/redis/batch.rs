@@ -52,6 +52,11 @@ impl Lane {
         Lane { queue, backlog }
     }
 
+    /// How long `items` more, queued now, would wait before they are sent.
+    pub(super) fn wait(&self, items: usize) -> Duration {
+        self.backlog.wait(items)
+    }
+
     /// Queues `call` (one request's group) for the next batch call, unless the queue could
     /// not send it before `deadline` (`Overloaded`, nothing booked).
     pub(super) async fn decide(&self, call: BatchCall, deadline: Instant) -> Reply {
@@ -122,10 +127,15 @@ impl Backlog {
     /// clock started before the request reached us (time this process cannot see). Queueing
     /// past that only delays answers that would arrive too late anyway.
     fn in_time(&self, items: usize, deadline: Instant) -> bool {
+        Instant::now() + self.wait(items).saturating_mul(2) <= deadline
+    }
+
+    /// The queue's wait for `items` more: the items ahead and these at the recent drain
+    /// rate; zero while the rate is not known.
+    fn wait(&self, items: usize) -> Duration {
         let item_ns = self.item_ns.load(Ordering::Relaxed);
         let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
-        let wait = Duration::from_nanos(ahead.saturating_mul(item_ns));
-        Instant::now() + wait.saturating_mul(2) <= deadline
+        Duration::from_nanos(ahead.saturating_mul(item_ns))
     }
 
     fn queued(&self, items: usize) {

@@ -608,4 +608,15 @@ impl Backend for ClusterBackend {
     fn name(&self) -> &'static str {
         "redis-cluster"
     }
+
+    /// The least busy master's: a request may have all its buckets there.
+    fn queue_wait(&self, items: usize) -> Duration {
+        let topology = Arc::clone(&self.0.topology.read());
+        topology
+            .lanes
+            .iter()
+            .map(|(_, lane)| lane.wait(items))
+            .min()
+            .unwrap_or(Duration::ZERO)
+    }
 }

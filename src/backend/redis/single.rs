@@ -561,6 +561,10 @@ impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         self.name
     }
+
+    fn queue_wait(&self, items: usize) -> std::time::Duration {
+        self.lane.wait(items)
+    }
 }
 
 #[cfg(test)]

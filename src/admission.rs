@@ -234,7 +234,7 @@ impl Admission {
     fn queue_in_time(&self, units: u64, now: Instant, deadline: Instant) -> bool {
         self.queue_wait.as_ref().is_none_or(|queue_wait| {
             let wait = queue_wait(usize::try_from(units).unwrap_or(usize::MAX));
-            now + wait.saturating_mul(2) <= deadline
+            crate::backend::queue_leaves_room(now, wait, deadline)
         })
     }
 

@@ -280,6 +280,15 @@ impl Group {
     }
 }
 
+/// Whether a request that waits `wait` in a backend's queue from `now` still has as much time
+/// again before `deadline`: the answer has its call and its way back to make, and the
+/// caller's clock started before the request reached us (time this process cannot see).
+/// Queueing past that only delays answers that would arrive too late anyway. The one rule
+/// of both the batcher and admission (`crate::admission`).
+pub fn queue_leaves_room(now: Instant, wait: Duration, deadline: Instant) -> bool {
+    now + wait.saturating_mul(2) <= deadline
+}
+
 /// Whether a booking of `item` must be undone when its request is rejected: it fitted and
 /// booked under `reject` (a `consume` rule books whatever the verdict).
 pub fn undoable(item: &Item, outcome: &Outcome) -> bool {

@@ -122,12 +122,10 @@ struct DrainWindow {
 }
 
 impl Backlog {
-    /// Whether `items` more, queued now, would be sent with as much time again left before
-    /// `deadline`: the answer still has its call and its way back to make, and the caller's
-    /// clock started before the request reached us (time this process cannot see). Queueing
-    /// past that only delays answers that would arrive too late anyway.
+    /// Whether `items` more, queued now, leave room before `deadline`
+    /// (`backend::queue_leaves_room`).
     fn in_time(&self, items: usize, deadline: Instant) -> bool {
-        Instant::now() + self.wait(items).saturating_mul(2) <= deadline
+        crate::backend::queue_leaves_room(Instant::now(), self.wait(items), deadline)
     }
 
     /// The queue's wait for `items` more: the items ahead and these at the recent drain

@@ -4,6 +4,7 @@
 mod common;
 
 use std::ffi::OsString;
+use std::time::Duration;
 
 use clap::Parser;
 use common::TestServer;
@@ -144,4 +145,44 @@ async fn an_unreachable_target_is_an_error_not_a_hang() {
     server.stop().await;
     let error = bench::run(&args).await.expect_err("nothing listens");
     assert!(error.contains("cannot connect"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_go_on_over_a_new_connection_after_the_service_restarts() {
+    let first = TestServer::start(&[("bench.yaml", RULES)]).await;
+    let address = first.grpc;
+    let args = bench_args(
+        &first,
+        &[
+            "--duration",
+            "4s",
+            "--concurrency",
+            "4",
+            "--rate",
+            "200/s",
+            "--keys",
+            "1000",
+            "--timeout",
+            "200ms",
+        ],
+    );
+    let run = tokio::spawn(async move { bench::run(&args).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    first.stop().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = TestServer::start_with(&[("bench.yaml", RULES)], |settings| {
+        settings.grpc_addr = address.to_string();
+    })
+    .await;
+    let summary = run.await.expect("bench task").expect("bench runs");
+    assert!(summary.errors > 0, "calls failed while down: {summary:?}");
+    let served = common::sample(
+        &common::scrape(second.http).await,
+        "floodgate_request_latency_seconds_count",
+    );
+    assert!(
+        served.is_some_and(|served| served >= 100.0),
+        "the restarted service answered {served:?} calls: {summary:?}"
+    );
+    second.stop().await;
 }

@@ -85,7 +85,7 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
         &args.over_limit_key,
         args.over_limit_share,
     ));
-    let channels = client::connect(args.target, args.connections).await?;
+    let links = client::connect(args.target, args.connections).await?;
     let live = Arc::new(Live::default());
     let start = Instant::now();
     let schedule = Schedule {
@@ -101,7 +101,7 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
         .collect();
     let workers: Vec<_> = (0..args.concurrency)
         .map(|worker| {
-            let caller = Caller::new(channels[worker % channels.len()].clone(), args.timeout);
+            let caller = Caller::new(Arc::clone(&links[worker % links.len()]), args.timeout);
             tokio::spawn(worker_loop(
                 caller,
                 Arc::clone(&workload),
@@ -130,7 +130,7 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
     if let Some(progress) = progress {
         progress.abort();
     }
-    drop(channels);
+    drop(links);
     let mode = match args.rate {
         Some(rate) => Mode::Open {
             rate_per_s: rate.per_second(),

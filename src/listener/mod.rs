@@ -29,7 +29,9 @@ use tokio::time::Instant;
 
 use crate::admission::{ConnectionLoad, Stamped};
 use crate::tls::ReloadingAcceptor;
+use coalesce::Coalesced;
 
+mod coalesce;
 mod unix;
 
 pub use unix::{SOCKET_MODE, UnixSocketListener};
@@ -333,7 +335,7 @@ impl Connection {
             ));
         let service =
             TowerToHyperService::new(Stamped::new(self.routes.clone(), Arc::clone(&self.load)));
-        let connection = builder.serve_connection(TokioIo::new(io), service);
+        let connection = builder.serve_connection(TokioIo::new(Coalesced::new(io)), service);
         tokio::pin!(connection);
         let age = limits.max_connection_age.map(jittered);
         let aged = sleep_or_never(age);

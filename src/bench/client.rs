@@ -18,6 +18,8 @@ use tokio::time::Instant;
 use tonic::Code;
 use tonic::codegen::http::{self, HeaderValue, Method, Uri, header};
 
+use crate::listener::Coalesced;
+
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// `overall_code` of an OK answer.
@@ -81,6 +83,8 @@ impl Link {
 }
 
 /// Opens one HTTP/2 connection and spawns its driver.
+/// Its writes are coalesced as the service's are ([`Coalesced`]): one syscall per round of
+/// calls rather than one per call.
 async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, String> {
     let connect = async {
         let tcp = TcpStream::connect(target)
@@ -95,7 +99,7 @@ async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, String> {
             // the whole connection (ENHANCE_YOUR_CALM), failing every call on it. Against a
             // service on loopback this guard only distorts overload runs.
             .max_local_error_reset_streams(None)
-            .handshake::<_, Bytes>(tcp)
+            .handshake::<_, Bytes>(Coalesced::new(tcp))
             .await
             .map_err(|error| error.to_string())
     };

@@ -29,11 +29,11 @@ use tokio::time::Instant;
 
 use crate::admission::{ConnectionLoad, Stamped};
 use crate::tls::ReloadingAcceptor;
-use coalesce::Coalesced;
 
 mod coalesce;
 mod unix;
 
+pub use coalesce::Coalesced;
 pub use unix::{SOCKET_MODE, UnixSocketListener};
 
 /// Default largest decoded gRPC message: far above any real rate-limit request (a few

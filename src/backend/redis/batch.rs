@@ -44,10 +44,11 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    /// Starts the batcher of `runner`.
-    pub(super) fn start(runner: Arc<impl Runner>) -> Lane {
+    /// Starts the batcher of `runner`, which keeps at most `calls_in_flight` script calls
+    /// in flight ([`CALLS_IN_FLIGHT_ALONE`], [`CALLS_IN_FLIGHT_PER_MASTER`]).
+    pub(super) fn start(runner: Arc<impl Runner>, calls_in_flight: usize) -> Lane {
         let (queue, jobs) = mpsc::unbounded_channel();
-        let backlog = Arc::new(Backlog::default());
+        let backlog = Arc::new(Backlog::new(calls_in_flight));
         tokio::spawn(run(runner, Arc::clone(&backlog), jobs));
         Lane { queue, backlog }
     }
@@ -83,11 +84,19 @@ impl Lane {
     }
 }
 
-/// Script calls in flight at once on the node's connections; more requests wait and share
-/// the next call. Redis runs one script at a time, so two keep it busy (one runs while the
-/// other travels); more would only split the queue into smaller calls, and each call has a
-/// fixed cost in Redis (about as much as five items: `TIME`, the call, the reply).
-const MAX_IN_FLIGHT: usize = 2;
+/// Script calls in flight at once on a lone Redis (one node, or Sentinel's master); more
+/// requests wait and share the next call. Redis runs one script at a time, so two keep it
+/// busy (one runs while the other travels); more would only split the queue into smaller
+/// calls, and each call has a fixed cost in Redis (about as much as five items: `TIME`, the
+/// call, the reply).
+pub(super) const CALLS_IN_FLIGHT_ALONE: usize = 2;
+/// Script calls in flight at once on each master of a Redis Cluster: one. The masters already
+/// overlap each other's round trips, and fuller calls cost each master less CPU per decision,
+/// which is what a cluster is sized by. Measured on 3 masters, 10k buckets: at 64 in flight
+/// 24.1 us of Redis CPU per decision against 27.1 with two, 0.135 calls per decision against
+/// 0.208, 19% more decisions/s; at 512, 28% more. The price: one hot bucket, whose master
+/// alone works, decides about 18% less at 512 in flight than with two calls.
+pub(super) const CALLS_IN_FLIGHT_PER_MASTER: usize = 1;
 /// Most items in one call: bounds how long one script keeps Redis busy.
 const MAX_ITEMS: usize = 256;
 /// Most work in one call (`BatchCall::work`: one per item plus the sliding-log entries a
@@ -103,8 +112,10 @@ const DRAIN_WINDOW: Duration = Duration::from_millis(100);
 const BUSY_ITEMS_PER_CALL: u64 = 8;
 
 /// The queue's length and drain rate (see the module doc).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Backlog {
+    /// Most script calls in flight at once.
+    calls_in_flight: usize,
     /// Items waiting for a call.
     queued: AtomicU64,
     /// Time the queue takes per item while busy, in ns; 0 when not known (not busy lately),
@@ -122,6 +133,15 @@ struct DrainWindow {
 }
 
 impl Backlog {
+    fn new(calls_in_flight: usize) -> Backlog {
+        Backlog {
+            calls_in_flight: calls_in_flight.max(1),
+            queued: AtomicU64::default(),
+            item_ns: AtomicU64::default(),
+            window: parking_lot::Mutex::default(),
+        }
+    }
+
     /// Whether `items` more, queued now, leave room before `deadline`
     /// (`backend::queue_leaves_room`).
     fn in_time(&self, items: usize, deadline: Instant) -> bool {
@@ -155,10 +175,10 @@ impl Backlog {
         if now.saturating_duration_since(started) < DRAIN_WINDOW {
             return;
         }
-        // Calls overlap (MAX_IN_FLIGHT at once), so the queue drains that much faster.
+        // Calls overlap (`calls_in_flight` at once), so the queue drains that much faster.
         let busy = window.items >= window.calls * BUSY_ITEMS_PER_CALL;
         let item_ns = if busy {
-            window.busy_ns / window.items / MAX_IN_FLIGHT as u64
+            window.busy_ns / window.items / self.calls_in_flight as u64
         } else {
             0
         };
@@ -177,7 +197,7 @@ struct Job {
     reply: oneshot::Sender<Reply>,
 }
 
-/// Takes queued jobs into calls, at most `MAX_IN_FLIGHT` at a time, until the lane is
+/// Takes queued jobs into calls, at most `calls_in_flight` at a time, until the lane is
 /// dropped (its sender closes the queue), then lets the calls in flight finish.
 ///
 /// The calls run inside this task (polled together), not in a task each: a batch costs no
@@ -190,7 +210,7 @@ async fn run(
     let mut in_flight = FuturesUnordered::new();
     let mut held = None;
     loop {
-        if in_flight.len() >= MAX_IN_FLIGHT {
+        if in_flight.len() >= backlog.calls_in_flight {
             in_flight.next().await;
             continue;
         }
@@ -265,7 +285,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn only_a_busy_queue_refuses_and_only_what_it_cannot_send_with_room() {
-        let backlog = Backlog::default();
+        let backlog = Backlog::new(2);
         let soon = Instant::now() + Duration::from_millis(10);
         // Nothing known yet: nothing is refused, however long the queue.
         backlog.queued(100_000);

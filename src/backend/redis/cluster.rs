@@ -40,7 +40,7 @@ use redis::cluster_routing::{
 };
 use tokio::time::{Instant, timeout_at};
 
-use super::batch::{Lane, Runner};
+use super::batch::{self, Lane, Runner};
 use super::calls::{self, BatchCall, Call};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting};
@@ -481,7 +481,13 @@ impl Cluster {
                         secrets: self.secrets.clone(),
                         slot,
                     };
-                    (slot, Arc::new(Lane::start(Arc::new(link))))
+                    (
+                        slot,
+                        Arc::new(Lane::start(
+                            Arc::new(link),
+                            batch::CALLS_IN_FLIGHT_PER_MASTER,
+                        )),
+                    )
                 }
             };
             lanes.push(lane);

@@ -25,7 +25,7 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
-use super::batch::{Lane, Runner};
+use super::batch::{self, Lane, Runner};
 use super::calls::{self, BatchCall, Call};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via};
@@ -351,7 +351,7 @@ impl RedisBackend {
         };
         node.scripting = node.preload().await?;
         let node = Arc::new(node);
-        let lane = Lane::start(Arc::clone(&node));
+        let lane = Lane::start(Arc::clone(&node), batch::CALLS_IN_FLIGHT_ALONE);
         Ok(RedisBackend { name, node, lane })
     }
 }

@@ -7,7 +7,7 @@
 #
 #   scripts/bench-report.sh [--quick] [--seconds N] [--out FILE] [--backends memory,redis,...]
 #
-# Bounded: the whole report is stopped after 30 minutes (--quick: 5). Every process it
+# Bounded: the whole report is stopped after 30 minutes (--quick: 10). Every process it
 # starts is killed by pid on exit, error or interrupt. Needs redis-server, redis-cli,
 # redis-benchmark and python3. FLOODGATE_BUILD_WRAPPER (e.g. "flock /tmp/cargo.lock") is
 # put in front of the cargo build; FLOODGATE_BINARY skips the build.

@@ -17,7 +17,8 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, BufWriter, ReadBuf};
 
 /// Bytes buffered before a write goes to the socket without waiting for a flush: about a
-/// hundred ordinary answers.
+/// hundred ordinary answers. Allocated per connection (160 MB at the 10,000-connection cap);
+/// half of it cost about 15% of the decisions at 512 calls in flight over 4 connections.
 const BUFFER_BYTES: usize = 16 * 1024;
 
 /// A connection whose writes are buffered and whose flushes are deferred once.

@@ -172,13 +172,14 @@ impl Caller {
         let grace = self.timeout + Duration::from_millis(100);
         match tokio::time::timeout(grace, self.attempt(body)).await {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(code)) => code.map_or(Outcome::Error(Code::Unknown), Outcome::Error),
+            Ok(Err(code)) => Outcome::Error(code),
             Err(_) => Outcome::Error(Code::DeadlineExceeded),
         }
     }
 
-    /// One call; `Err` carries the gRPC code of a failure (`None`: the answer was not gRPC).
-    async fn attempt(&mut self, body: Bytes) -> Result<Outcome, Option<Code>> {
+    /// One call; `Err` carries the gRPC code of a failure (`Unknown`: the answer was not gRPC,
+    /// or had no known overall code).
+    async fn attempt(&mut self, body: Bytes) -> Result<Outcome, Code> {
         let request = self.request();
         let sender = match &mut self.sender {
             Some(sender) => sender,
@@ -187,7 +188,7 @@ impl Caller {
                     .link
                     .renew(self.generation)
                     .await
-                    .ok_or(Some(Code::Unavailable))?;
+                    .ok_or(Code::Unavailable)?;
                 self.generation = generation;
                 self.sender.insert(sender)
             }
@@ -205,36 +206,33 @@ impl Caller {
                     // The connection is gone; the next call takes a new one.
                     self.sender = None;
                 }
-                return Err(Some(code_of(&error)));
+                return Err(code_of(&error));
             }
         };
         let (head, mut body) = response.into_parts();
         if head.status != http::StatusCode::OK {
-            return Err(Some(Code::Unknown));
+            return Err(Code::Unknown);
         }
         if let Some(status) = grpc_status(&head.headers) {
             // Trailers-only: an error without a body.
-            return Err(Some(status));
+            return Err(status);
         }
         let mut message = BytesMut::new();
         while let Some(chunk) = body.data().await {
-            let chunk = chunk.map_err(|error| Some(code_of(&error)))?;
+            let chunk = chunk.map_err(|error| code_of(&error))?;
             let _ = body.flow_control().release_capacity(chunk.len());
             message.put_slice(&chunk);
         }
-        let trailers = body
-            .trailers()
-            .await
-            .map_err(|error| Some(code_of(&error)))?;
+        let trailers = body.trailers().await.map_err(|error| code_of(&error))?;
         match trailers.as_ref().and_then(grpc_status) {
             Some(Code::Ok) => {}
-            Some(code) => return Err(Some(code)),
-            None => return Err(None),
+            Some(code) => return Err(code),
+            None => return Err(Code::Unknown),
         }
         match message.get(5..).and_then(overall_code) {
             Some(CODE_OK) => Ok(Outcome::Ok),
             Some(CODE_OVER_LIMIT) => Ok(Outcome::OverLimit),
-            _ => Err(None),
+            _ => Err(Code::Unknown),
         }
     }
 

@@ -617,8 +617,9 @@ impl Backend for ClusterBackend {
 
     /// The least busy master's: a request may have all its buckets there.
     fn queue_wait(&self, items: usize) -> Duration {
-        let topology = Arc::clone(&self.0.topology.read());
-        topology
+        self.0
+            .topology
+            .read()
             .lanes
             .iter()
             .map(|(_, lane)| lane.wait(items))

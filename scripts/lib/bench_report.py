@@ -425,7 +425,7 @@ def main():
     rules = os.path.join(os.path.dirname(__file__), "..", "bench-rules")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    pins = pinning() if args.overload else None
+    pins = pinning()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
@@ -457,7 +457,7 @@ def main():
                         results.append(result)
             if backend != "memory":
                 colds.append(cold_start(args.binary, harness, rules, backend, masters, urls,
-                                        pinning()))
+                                        pins))
                 log(f"cold start {backend}: {json.dumps(colds[-1])}")
             if args.overload and backend in OVERLOAD_BACKENDS:
                 # Its own floodgate (pinned), so the runs above are not changed by pinning.

@@ -253,3 +253,21 @@ fn tls_settings_with_a_plaintext_scheme_stop_startup() {
         assert!(!stderr.contains("pw@"), "{stderr}");
     }
 }
+
+/// The kernel's view of a process's transparent huge pages (`THP_enabled` in its status).
+fn huge_pages_allowed(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("THP_enabled:"))
+        .expect("kernel reports THP_enabled");
+    line.ends_with('1')
+}
+
+#[test]
+fn serve_runs_on_small_pages_unless_mimalloc_is_told_otherwise() {
+    let plain = common::Binary::start(&[], &[]);
+    assert!(!huge_pages_allowed(plain.child.id()));
+    let told = common::Binary::start(&[], &[("MIMALLOC_ALLOW_THP", "1")]);
+    assert!(huge_pages_allowed(told.child.id()));
+}

@@ -257,10 +257,8 @@ def cold_start(binary, harness, rules, backend, masters, urls, pins, rate=10_000
     """p99 of a fresh replica over its first 3 s, loaded at `rate` from its first SERVING
     answer, against the same replica's p99 over 3 s after 30 s of that load.
 
-    floodgate runs on its own CPU, the generator and Redis on the other (`pins`): sharing
-    both cores, the two fresh processes' threads stalled each other for 60-250 ms in 1 to 3
-    runs in 10 (all traffic stops both ways, then the generator's backlog arrives at once,
-    while floodgate's own handler latency stays under a few ms); pinned, 0 in 12."""
+    floodgate runs on its own CPU, the generator and Redis on the other (`pins`), as in the
+    overload runs, so that the figure is floodgate's start, not the two processes' contention."""
     pin_redis(masters, pins and pins[1])
     floodgate = Floodgate(harness, binary, rules, backend, urls,
                           prefix=pinned(pins and pins[0], []))

@@ -239,7 +239,7 @@ def overload_run(binary, floodgate, harness, seconds, cpus, label, args):
         "floodgate_cores": round(served_cpu / elapsed, 2),
         "generator_cores": round(generated_cpu / elapsed, 2),
         "load": label,
-        "goodput_per_s": summary["answered_per_s"],
+        "goodput_per_s": summary["in_time_per_s"],
         "shed_per_s": round(shed / elapsed, 1),
         "other_errors_per_s": round((summary["errors"] - shed) / elapsed, 1),
         "errors_by_code": summary["errors_by_code"],

@@ -192,7 +192,7 @@ class Soak:
             for i, r in enumerate(self.replicas)]
         self.bursts = [b.result(seconds + 60) for b in bursts]
         end = time.time()
-        goodput = sum(b["answered_per_s"] for b in self.bursts)
+        goodput = sum(b["in_time_per_s"] for b in self.bursts)
         self.events.append((start, end, phase,
                             f"burst of {BURST_IN_FLIGHT} calls in flight per replica for "
                             f"{seconds} s: {goodput:,.0f} answers/s within 20 ms", None, None))
@@ -325,7 +325,7 @@ class Soak:
         for burst in getattr(self, "bursts", []):
             codes = ", ".join(f"{k} {v:,}" for k, v in sorted(burst["errors_by_code"].items()))
             lines.append("")
-            lines.append(f"Overload burst on one replica: {burst['answered_per_s']:,.0f} answers/s "
+            lines.append(f"Overload burst on one replica: {burst['in_time_per_s']:,.0f} answers/s "
                          f"within the 20 ms deadline, p99 of answers "
                          f"{burst['answered_latency_us']['p99']} us; failed calls: {codes or 'none'}.")
         lines += ["", "## Errors", ""]

@@ -146,7 +146,7 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
         std::fs::write(path, json.to_string() + "\n")
             .map_err(|error| format!("cannot write --record {}: {error}", path.display()))?;
     }
-    Ok(total.summary(mode, elapsed))
+    Ok(total.summary(mode, elapsed, args.timeout))
 }
 
 /// One caller: takes the next call number, waits for its start in open loop, calls, counts.

@@ -107,6 +107,11 @@ const MAX_ITEMS: usize = 256;
 const MAX_WORK: u64 = 1_024;
 /// How often the drain rate is measured.
 const DRAIN_WINDOW: Duration = Duration::from_millis(100);
+/// Age past which a drain rate no call has renewed is forgotten. Only a call that ends
+/// renews it, and a queue that refuses every request makes no call: a rate measured in a
+/// burst (or while floodgate itself was starved of CPU) then refused every later request,
+/// for good. 64-descriptor requests at 8 in flight were all refused after such a burst.
+const RATE_KEPT_FOR: Duration = Duration::from_millis(2 * DRAIN_WINDOW.as_millis() as u64);
 /// Mean items per call from which a window counts as busy: only full-ish calls show what the
 /// node drains under load (a lone item pays the whole round trip).
 const BUSY_ITEMS_PER_CALL: u64 = 8;
@@ -121,6 +126,9 @@ struct Backlog {
     /// Time the queue takes per item while busy, in ns; 0 when not known (not busy lately),
     /// and then nothing is refused.
     item_ns: AtomicU64,
+    /// When `item_ns` was measured, in ns since `origin`.
+    measured_ns: AtomicU64,
+    origin: Instant,
     window: parking_lot::Mutex<DrainWindow>,
 }
 
@@ -138,6 +146,8 @@ impl Backlog {
             calls_in_flight: calls_in_flight.max(1),
             queued: AtomicU64::default(),
             item_ns: AtomicU64::default(),
+            measured_ns: AtomicU64::default(),
+            origin: Instant::now(),
             window: parking_lot::Mutex::default(),
         }
     }
@@ -145,15 +155,31 @@ impl Backlog {
     /// Whether `items` more, queued now, leave room before `deadline`
     /// (`backend::queue_leaves_room`).
     fn in_time(&self, items: usize, deadline: Instant) -> bool {
-        crate::backend::queue_leaves_room(Instant::now(), self.wait(items), deadline)
+        let now = Instant::now();
+        crate::backend::queue_leaves_room(now, self.wait_at(items, now), deadline)
     }
 
-    /// The queue's wait for `items` more: the items ahead and these at the recent drain
-    /// rate; zero while the rate is not known.
+    /// The queue's wait for `items` more.
     fn wait(&self, items: usize) -> Duration {
+        self.wait_at(items, Instant::now())
+    }
+
+    /// The queue's wait for `items` more at `now`: the items ahead and these at the recent
+    /// drain rate; zero while the rate is not known or no longer current.
+    fn wait_at(&self, items: usize, now: Instant) -> Duration {
+        let age = self
+            .nanos_at(now)
+            .saturating_sub(self.measured_ns.load(Ordering::Relaxed));
+        if age > RATE_KEPT_FOR.as_nanos() as u64 {
+            return Duration::ZERO;
+        }
         let item_ns = self.item_ns.load(Ordering::Relaxed);
         let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
         Duration::from_nanos(ahead.saturating_mul(item_ns))
+    }
+
+    fn nanos_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn queued(&self, items: usize) {
@@ -183,6 +209,8 @@ impl Backlog {
             0
         };
         self.item_ns.store(item_ns, Ordering::Relaxed);
+        self.measured_ns
+            .store(self.nanos_at(now), Ordering::Relaxed);
         *window = DrainWindow::default();
     }
 }
@@ -319,5 +347,23 @@ mod tests {
         backlog.drained(1, Duration::from_millis(2));
         let soon = Instant::now() + Duration::from_millis(10);
         assert!(backlog.in_time(100_000, soon));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_no_call_renews_is_forgotten() {
+        let backlog = Backlog::new(1);
+        // Busy windows of calls of 64 items taking 64 ms: 1 ms an item.
+        for _ in 0..2 {
+            backlog.drained(64, Duration::from_millis(64));
+            tokio::time::advance(DRAIN_WINDOW).await;
+        }
+        backlog.drained(64, Duration::from_millis(64));
+        let soon = || Instant::now() + Duration::from_millis(20);
+        assert!(!backlog.in_time(64, soon()), "64 items take 64 ms");
+        // Every request refused, so no call ends: the rate ages out, and requests go again.
+        tokio::time::advance(RATE_KEPT_FOR / 2).await;
+        assert!(!backlog.in_time(64, soon()), "still current");
+        tokio::time::advance(RATE_KEPT_FOR).await;
+        assert!(backlog.in_time(64, soon()));
     }
 }

@@ -250,9 +250,8 @@ pub(crate) fn batch_outcomes(
     let mut values = values.into_iter();
     (0..items)
         .map(|_| {
-            let reply: Vec<Value> = values.by_ref().take(6).collect();
             let [allowed, remaining, reset_ms, now_ms, booked, rolled_back] =
-                integers::<6>(Value::Array(reply))?;
+                integers_of::<6>(values.by_ref())?;
             if allowed == -1 {
                 return Ok(None);
             }
@@ -312,8 +311,15 @@ fn integers<const N: usize>(value: Value) -> Result<[i64; N], BackendError> {
             )));
         }
     };
+    integers_of(items.into_iter())
+}
+
+/// The next `N` values of `values`, each an integer (the caller checked that `N` are left).
+fn integers_of<const N: usize>(
+    values: impl Iterator<Item = Value>,
+) -> Result<[i64; N], BackendError> {
     let mut out = [0i64; N];
-    for (slot, item) in out.iter_mut().zip(items) {
+    for (slot, item) in out.iter_mut().zip(values) {
         *slot = match item {
             Value::Int(i) => i,
             other => {

@@ -99,13 +99,17 @@ def cpu_limited(pid, share):
 
 def uncapped(path, pid):
     """Moves process `pid` back out of the cgroup `cpu_limited` made, and removes it."""
-    if path:
-        try:
-            with open(os.path.join(os.path.dirname(path), "cgroup.procs"), "w") as f:
-                f.write(str(pid))
-            os.rmdir(path)
-        except OSError as error:
-            log(f"cannot remove {path}: {error}")
+    if not path:
+        return
+    try:
+        with open(os.path.join(os.path.dirname(path), "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    except OSError:
+        pass  # it has exited: the cgroup is empty already
+    try:
+        os.rmdir(path)
+    except OSError as error:
+        log(f"cannot remove {path}: {error}")
 
 
 def pinned(cpus, args):

@@ -108,3 +108,94 @@ async fn calls_within_their_deadline_are_served_and_shedding_can_be_turned_off()
     assert_eq!(expired_call(&server).await, Err(Code::DeadlineExceeded));
     server.stop().await;
 }
+
+/// One raw HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Reads frames until `done(type, flags)` says so or a GOAWAY arrives; returns the GOAWAY's
+/// error code, if one came.
+async fn read_frames(
+    tcp: &mut tokio::net::TcpStream,
+    mut done: impl FnMut(u8, u8) -> bool,
+) -> Option<u32> {
+    use tokio::io::AsyncReadExt;
+    loop {
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.expect("frame header");
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.expect("frame payload");
+        if head[3] == 7 {
+            return Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+        }
+        if done(head[3], head[4]) {
+            return None;
+        }
+    }
+}
+
+#[tokio::test]
+async fn resets_a_connection_makes_over_its_life_do_not_close_it() {
+    use tokio::io::AsyncWriteExt;
+    // h2 counts, over a connection's life, the streams it resets itself: here DATA sent on
+    // calls that are over. Under overload, callers' cancellations cause such resets by the
+    // thousand, and past h2's default of 1,024 the connection was closed (GOAWAY with
+    // ENHANCE_YOUR_CALM), failing every call on it.
+    let server = TestServer::start(&[("r.yaml", RULES)]).await;
+    let mut tcp = tokio::net::TcpStream::connect(server.grpc)
+        .await
+        .expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    tcp.write_all(&hello).await.expect("preface");
+    // POST, http, :path, content-type and te as HPACK literals without indexing.
+    let path = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x0f, 0x10, 16]);
+    block.extend_from_slice(b"application/grpc");
+    block.extend_from_slice(&[0x00, 2]);
+    block.extend_from_slice(b"te");
+    block.extend_from_slice(&[8]);
+    block.extend_from_slice(b"trailers");
+    const CALLS: u32 = 1_200;
+    const ROUND: u32 = 100;
+    for round in 0..CALLS / ROUND {
+        let mut calls = Vec::new();
+        for i in 0..ROUND {
+            // END_HEADERS | END_STREAM: a call without a message, answered with an error.
+            calls.extend(h2_frame(1, 0x5, 2 * (round * ROUND + i) + 1, &block));
+        }
+        tcp.write_all(&calls).await.expect("calls");
+        let mut ended = 0;
+        let goaway = read_frames(&mut tcp, |kind, flags| {
+            ended += u32::from(kind <= 1 && flags & 0x1 != 0);
+            ended == ROUND
+        })
+        .await;
+        assert_eq!(goaway, None, "GOAWAY while calling");
+    }
+    // DATA on every finished call: the server resets each stream (STREAM_CLOSED).
+    let mut late = Vec::new();
+    for i in 0..CALLS {
+        late.extend(h2_frame(0, 0x1, 2 * i + 1, &[0, 0, 0, 0, 0]));
+    }
+    late.extend(h2_frame(6, 0, 0, &[7; 8]));
+    tcp.write_all(&late).await.expect("late data");
+    let goaway = tokio::time::timeout(
+        Duration::from_secs(10),
+        read_frames(&mut tcp, |kind, flags| kind == 6 && flags & 0x1 != 0),
+    )
+    .await
+    .expect("the PING is answered");
+    assert_eq!(
+        goaway, None,
+        "the connection was closed (code 11: ENHANCE_YOUR_CALM)"
+    );
+}

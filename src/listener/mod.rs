@@ -59,6 +59,9 @@ const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Streams a client may reset before they were taken, per allowed concurrent stream (see
 /// `Connection::serve`).
 const PENDING_RESETS_PER_STREAM: usize = 4;
+/// Streams the connection may reset itself over its whole life, per allowed concurrent
+/// stream (see `Connection::serve`).
+const LOCAL_RESETS_PER_STREAM: usize = 64;
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Largest share of the age taken off at random, so connections opened together (by a
@@ -332,6 +335,17 @@ impl Connection {
             // RESOURCE_EXHAUSTED and UNKNOWN. A few times the stream limit stays bounded.
             .max_pending_accept_reset_streams(Some(
                 limits.max_concurrent_streams as usize * PENDING_RESETS_PER_STREAM,
+            ))
+            // h2 also counts, over the connection's whole life, the streams it resets on its
+            // own: one the caller opened past the stream limit (the caller has reset a stream
+            // whose reset the starved connection task has not read yet, so it counts one
+            // stream less than h2 does), and DATA that arrives for a stream reset too long ago
+            // to be remembered. Under overload both come by thousands a second, and past its
+            // default of 1,024 h2 closed the connection with ENHANCE_YOUR_CALM, failing every
+            // call on it (RESOURCE_EXHAUSTED at the caller). The count stays bounded, as each
+            // such reset is queued until the peer reads it.
+            .max_local_error_reset_streams(Some(
+                limits.max_concurrent_streams as usize * LOCAL_RESETS_PER_STREAM,
             ));
         let service =
             TowerToHyperService::new(Stamped::new(self.routes.clone(), Arc::clone(&self.load)));

@@ -342,8 +342,9 @@ impl Connection {
             // stream less than h2 does), and DATA that arrives for a stream reset too long ago
             // to be remembered. Under overload both come by thousands a second, and past its
             // default of 1,024 h2 closed the connection with ENHANCE_YOUR_CALM, failing every
-            // call on it (RESOURCE_EXHAUSTED at the caller). The count stays bounded, as each
-            // such reset is queued until the peer reads it.
+            // call on it (RESOURCE_EXHAUSTED at the caller). It stays bounded: each such reset
+            // waits in a queue until the peer reads it, so without a bound a peer that never
+            // reads could grow that queue without end.
             .max_local_error_reset_streams(Some(
                 limits.max_concurrent_streams as usize * LOCAL_RESETS_PER_STREAM,
             ));

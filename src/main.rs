@@ -27,7 +27,7 @@ use floodgate::{config, shutdown, telemetry};
 /// With them, the first touch of each fresh 2 MiB of heap zeroes the whole page inside one
 /// allocation. On a VM that took over 10 ms a page, a stall of every call on that worker: a
 /// fresh replica (and the load generator) answered with a p99 of 60-220 ms over its first
-/// seconds, against 1.5-3 ms with small pages, whose zeroing is spread over many calls.
+/// seconds, against 1.8-3.9 ms with small pages, whose zeroing is spread over many calls.
 fn small_pages_only() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {

@@ -47,8 +47,9 @@ OVERLOAD_BACKENDS = ["memory", "redis"]
 # floodgate's CPU in the overload runs, as a Kubernetes CPU limit (a CFS quota) would set it:
 # a share of one CPU small enough that a generator on one core can offer 4x its capacity
 # (it used 0.58 of its core at 123k calls/s), and a period short enough that throttling
-# adds little latency (p99 at 64 in flight, memory: 9.7 ms with 4 ms, 15.8 ms with 10 ms;
-# 1 ms is the smallest quota the kernel takes).
+# adds as little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods
+# against 15.8 ms with 10 ms in one A/B, 7.6-20 ms over later runs; 1 ms is the smallest
+# quota the kernel takes).
 OVERLOAD_CPU_SHARE = 0.25
 QUOTA_PERIOD_US = 4000
 

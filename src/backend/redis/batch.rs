@@ -156,24 +156,28 @@ impl Backlog {
     /// (`backend::queue_leaves_room`).
     fn in_time(&self, items: usize, deadline: Instant) -> bool {
         let now = Instant::now();
-        crate::backend::queue_leaves_room(now, self.wait_at(items, now), deadline)
+        crate::backend::queue_leaves_room(now, self.wait_at(items, || now), deadline)
     }
 
     /// The queue's wait for `items` more.
     fn wait(&self, items: usize) -> Duration {
-        self.wait_at(items, Instant::now())
+        self.wait_at(items, Instant::now)
     }
 
     /// The queue's wait for `items` more at `now`: the items ahead and these at the recent
-    /// drain rate; zero while the rate is not known or no longer current.
-    fn wait_at(&self, items: usize, now: Instant) -> Duration {
+    /// drain rate; zero while the rate is not known or no longer current. The clock is read
+    /// only when a rate is known, so an idle queue costs admission no clock read.
+    fn wait_at(&self, items: usize, now: impl FnOnce() -> Instant) -> Duration {
+        let item_ns = self.item_ns.load(Ordering::Relaxed);
+        if item_ns == 0 {
+            return Duration::ZERO;
+        }
         let age = self
-            .nanos_at(now)
+            .nanos_at(now())
             .saturating_sub(self.measured_ns.load(Ordering::Relaxed));
         if age > RATE_KEPT_FOR.as_nanos() as u64 {
             return Duration::ZERO;
         }
-        let item_ns = self.item_ns.load(Ordering::Relaxed);
         let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
         Duration::from_nanos(ahead.saturating_mul(item_ns))
     }

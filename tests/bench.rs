@@ -186,3 +186,74 @@ async fn calls_go_on_over_a_new_connection_after_the_service_restarts() {
     );
     second.stop().await;
 }
+
+/// An open-loop run at far more calls a second than one caller can make: `rate` and
+/// `concurrency` fixed, the rest from `extra`.
+async fn one_caller_outpaced(server: &TestServer, extra: &[&str]) -> bench::Summary {
+    let mut flags = vec![
+        "--count",
+        "2000",
+        "--duration",
+        "60s",
+        "--concurrency",
+        "1",
+        "--rate",
+        "100000/s",
+        "--keys",
+        "1000",
+    ];
+    flags.extend_from_slice(extra);
+    bench::run(&bench_args(server, &flags))
+        .await
+        .expect("bench runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_due_while_every_caller_is_busy_fails_at_once_when_asked() {
+    common::away_from_an_hour_boundary().await;
+    let server = TestServer::start(&[("bench.yaml", RULES)]).await;
+    // One caller cannot make a call every 10 us: most calls are due while it is busy.
+    let failing = one_caller_outpaced(&server, &["--fail-when-busy"]).await;
+    let overflow = failing.errors_by_code.get("Overflow").copied().unwrap_or(0);
+    assert!(overflow > 1000, "{failing:?}");
+    assert_eq!(failing.requests, 2000);
+    assert_eq!(
+        failing.errors, overflow,
+        "only unsent calls fail: {failing:?}"
+    );
+    // A call sent is never late by the backlog: its latency is its own round trip.
+    assert!(failing.latency_us.max < 1_000_000, "{failing:?}");
+    // Without the flag the same calls wait for the caller and are all sent, late.
+    let queued = one_caller_outpaced(&server, &[]).await;
+    assert_eq!(queued.errors, 0, "{queued:?}");
+    assert_eq!(queued.ok, 2000);
+    assert!(
+        queued.latency_us.max > failing.latency_us.p50,
+        "queued calls count their wait: {queued:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_deadline_passed_before_it_could_start_is_not_sent() {
+    common::away_from_an_hour_boundary().await;
+    let server = TestServer::start(&[("bench.yaml", RULES)]).await;
+    let summary = one_caller_outpaced(&server, &["--timeout", "2ms"]).await;
+    let expired = summary
+        .errors_by_code
+        .get("ExpiredUnsent")
+        .copied()
+        .unwrap_or(0);
+    assert!(expired > 1000, "{summary:?}");
+    let served = common::sample(
+        &common::scrape(server.http).await,
+        "floodgate_request_latency_seconds_count",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        served <= (2000 - expired) as f64,
+        "the service saw {served} calls of {} sent: {summary:?}",
+        2000 - expired
+    );
+    server.stop().await;
+}

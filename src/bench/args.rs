@@ -36,6 +36,12 @@ pub struct BenchArgs {
     /// lower rate.
     #[arg(long, value_name = "N/s")]
     pub rate: Option<Rate>,
+    /// With `--rate`: a call due while all `--concurrency` calls are in flight fails at once
+    /// (counted as `Overflow`, not sent) instead of waiting for one to end, as Envoy fails a
+    /// call past its circuit breaker (`max_requests`, 1,024 by default). Without it such a
+    /// call is sent late, with what is left of its deadline, or not at all once none is.
+    #[arg(long, requires = "rate")]
+    pub fail_when_busy: bool,
     /// Run time (e.g. `30s`, `2m`, `500ms`); the run also stops after `--count` calls.
     #[arg(long, value_name = "TIME", default_value = DEFAULT_DURATION, value_parser = parse_duration)]
     pub duration: Duration,

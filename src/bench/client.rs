@@ -44,6 +44,12 @@ pub enum Outcome {
     OverLimit,
     /// Answered with an unknown overall code, or not answered (the gRPC code).
     Error(Code),
+    /// Not sent: its deadline passed while it waited for a free caller (open loop past the
+    /// most calls in flight). A client with a deadline does not send a call already late.
+    Expired,
+    /// Not sent: it was due while every caller was busy, and `--fail-when-busy` fails such
+    /// a call at once.
+    Overflow,
 }
 
 /// One HTTP/2 connection to the target, shared by several callers, reopened when it breaks
@@ -165,12 +171,18 @@ impl Caller {
         }
     }
 
-    /// Sends one request (an encoded `RateLimitRequest`) and classifies the answer. Never
-    /// takes much longer than the timeout: the deadline is sent to the server and also
-    /// enforced here; a call given up on is reset.
-    pub async fn call(&mut self, body: Bytes) -> Outcome {
-        let grace = self.timeout + Duration::from_millis(100);
-        match tokio::time::timeout(grace, self.attempt(body)).await {
+    /// Sends one request (an encoded `RateLimitRequest`) started at `started` (its intended
+    /// start in open loop) and classifies the answer. The call's deadline is `started` plus
+    /// the timeout: the time left is what `grpc-timeout` tells the server, as a gRPC client
+    /// propagates a deadline, and a call with no time left is not sent. Never takes much
+    /// longer than the deadline; a call given up on is reset.
+    pub async fn call(&mut self, body: Bytes, started: Instant) -> Outcome {
+        let left = (started + self.timeout).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Outcome::Expired;
+        }
+        let grace = left + Duration::from_millis(100);
+        match tokio::time::timeout(grace, self.attempt(body, left)).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(code)) => Outcome::Error(code),
             Err(_) => Outcome::Error(Code::DeadlineExceeded),
@@ -179,8 +191,8 @@ impl Caller {
 
     /// One call; `Err` carries the gRPC code of a failure (`Unknown`: the answer was not gRPC,
     /// or had no known overall code).
-    async fn attempt(&mut self, body: Bytes) -> Result<Outcome, Code> {
-        let request = self.request();
+    async fn attempt(&mut self, body: Bytes, left: Duration) -> Result<Outcome, Code> {
+        let request = self.request(left);
         let sender = match &mut self.sender {
             Some(sender) => sender,
             None => {
@@ -236,7 +248,8 @@ impl Caller {
         }
     }
 
-    fn request(&self) -> http::Request<()> {
+    /// The request's head, with `left` as its deadline.
+    fn request(&self, left: Duration) -> http::Request<()> {
         let mut request = http::Request::new(());
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
@@ -246,7 +259,12 @@ impl Caller {
             HeaderValue::from_static("application/grpc"),
         );
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
-        headers.insert("grpc-timeout", self.timeout_header.clone());
+        let deadline = if left >= self.timeout {
+            self.timeout_header.clone()
+        } else {
+            grpc_timeout(left)
+        };
+        headers.insert("grpc-timeout", deadline);
         request
     }
 }

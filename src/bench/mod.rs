@@ -28,7 +28,7 @@ pub use stats::{Latency, Mode, Summary};
 
 use crate::backend::BucketKey;
 use crate::matcher::Matcher;
-use client::Caller;
+use client::{Caller, Outcome};
 use stats::{Call, Live, Tally};
 use workload::{Random, Workload};
 
@@ -36,6 +36,9 @@ use workload::{Random, Workload};
 /// on millisecond ticks, so waking a little early keeps the rate without adding the timer's
 /// rounding to every latency. Such a call's latency is measured from when it was sent.
 const EARLY_SEND: Duration = Duration::from_millis(1);
+/// How late a caller may take a call before `--fail-when-busy` counts it as due while every
+/// caller was busy: the generator's own scheduling delay, not a busy pool.
+const BUSY_SLACK: Duration = Duration::from_millis(1);
 /// Most tallies the callers record into. A tally holds three latency histograms of about
 /// 200 KB each: one per caller cost 1 GB at 2,048 in flight, and zeroing it took most of the
 /// generator's CPU, so overload runs measured the generator. Callers share these instead;
@@ -50,6 +53,8 @@ struct Schedule {
     count: u64,
     /// Open loop: time between intended starts.
     interval: Option<Duration>,
+    /// Open loop: a call due while every caller is busy fails at once.
+    fail_when_busy: bool,
 }
 
 impl Schedule {
@@ -63,6 +68,12 @@ impl Schedule {
             None => Instant::now(),
         };
         (at < self.deadline && Instant::now() < self.deadline).then_some(at)
+    }
+
+    /// Whether a call due at `intended`, taken by a caller now, was due while every caller
+    /// was busy and must fail at once.
+    fn overflows(&self, intended: Instant) -> bool {
+        self.fail_when_busy && intended + BUSY_SLACK < Instant::now()
     }
 }
 
@@ -93,6 +104,7 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
         deadline: start + args.duration,
         count: args.count.unwrap_or(u64::MAX),
         interval: args.rate.map(Rate::interval),
+        fail_when_busy: args.fail_when_busy,
     };
     let record_window = args.record.as_ref().map(|_| args.record_window);
     let issued = Arc::new(AtomicU64::new(0));
@@ -160,6 +172,20 @@ async fn worker_loop(
     tally: Arc<parking_lot::Mutex<Tally>>,
 ) {
     while let Some(intended) = schedule.intended(issued.fetch_add(1, Ordering::Relaxed)) {
+        if schedule.overflows(intended) {
+            let pick = workload.pick(random.next_u64());
+            let now = SystemTime::now();
+            let call = Call {
+                pick,
+                outcome: Outcome::Overflow,
+                latency: Duration::ZERO,
+                descriptors: 0,
+                sent: now,
+                ended: now,
+            };
+            tally.lock().add(call, &live);
+            continue;
+        }
         if let Some(wake) = intended.checked_sub(EARLY_SEND)
             && wake > Instant::now()
         {
@@ -168,7 +194,7 @@ async fn worker_loop(
         let pick = workload.pick(random.next_u64());
         let body = workload.body(pick);
         let (sent_at, sent) = (Instant::now(), SystemTime::now());
-        let outcome = caller.call(body).await;
+        let outcome = caller.call(body, sent_at.min(intended).into()).await;
         let call = Call {
             pick,
             outcome,

@@ -14,6 +14,12 @@ use super::workload::Pick;
 /// as this): a minute, far beyond any call deadline.
 const MAX_LATENCY_US: u64 = 60_000_000;
 
+/// The `errors_by_code` entry of calls not sent because their deadline had passed.
+const EXPIRED_UNSENT: &str = "ExpiredUnsent";
+
+/// The `errors_by_code` entry of calls failed at once because every caller was busy.
+const OVERFLOW: &str = "Overflow";
+
 /// Counters every worker bumps, read once a second for the progress line.
 #[derive(Debug, Default)]
 pub struct Live {
@@ -33,7 +39,7 @@ impl Live {
         let counter = match outcome {
             Outcome::Ok => &self.ok,
             Outcome::OverLimit => &self.over_limit,
-            Outcome::Error(_) => &self.errors,
+            Outcome::Error(_) | Outcome::Expired | Outcome::Overflow => &self.errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -107,28 +113,35 @@ impl Tally {
     pub fn add(&mut self, call: Call, live: &Live) {
         live.count(call.outcome);
         let micros = u64::try_from(call.latency.as_micros()).unwrap_or(u64::MAX);
-        self.latency_us.saturating_record(micros.max(1));
+        if !matches!(call.outcome, Outcome::Expired | Outcome::Overflow) {
+            // A call never sent has no latency to count.
+            self.latency_us.saturating_record(micros.max(1));
+        }
         match call.outcome {
             Outcome::Ok | Outcome::OverLimit => self.answered_us.saturating_record(micros.max(1)),
             Outcome::Error(tonic::Code::Unavailable) => {
                 self.unavailable_us.saturating_record(micros.max(1));
             }
-            Outcome::Error(_) => {}
+            Outcome::Error(_) | Outcome::Expired | Outcome::Overflow => {}
         }
         match call.outcome {
             Outcome::Ok => self.ok += 1,
             Outcome::OverLimit => self.over_limit += 1,
-            Outcome::Error(code) => {
-                self.errors += 1;
-                *self.errors_by_code.entry(format!("{code:?}")).or_default() += 1;
-            }
+            Outcome::Error(code) => self.count_error(format!("{code:?}")),
+            Outcome::Expired => self.count_error(EXPIRED_UNSENT.to_owned()),
+            Outcome::Overflow => self.count_error(OVERFLOW.to_owned()),
         }
-        if !matches!(call.outcome, Outcome::Error(_)) {
+        if matches!(call.outcome, Outcome::Ok | Outcome::OverLimit) {
             self.decisions += call.descriptors;
         }
         if let (Some(record), Pick::Key(key)) = (&mut self.record, call.pick) {
             record.add(key, call);
         }
+    }
+
+    fn count_error(&mut self, kind: String) {
+        self.errors += 1;
+        *self.errors_by_code.entry(kind).or_default() += 1;
     }
 
     /// Adds `other` into this tally.
@@ -240,7 +253,9 @@ pub struct Summary {
     pub over_limit: u64,
     /// Calls that failed (gRPC error, deadline, unknown code).
     pub errors: u64,
-    /// Failed calls by gRPC code.
+    /// Failed calls by gRPC code; `ExpiredUnsent` counts open-loop calls not sent because
+    /// their deadline passed while they waited for a free caller, `Overflow` those failed at
+    /// once because every caller was busy (`--fail-when-busy`).
     pub errors_by_code: BTreeMap<String, u64>,
     /// Calls answered (OK or OVER_LIMIT) per second, including answers that came after the
     /// deadline (the generator waits 100 ms past it, to see the service's own answer).
@@ -248,7 +263,7 @@ pub struct Summary {
     /// Calls answered within their deadline per second: the goodput, as a caller that gives
     /// up at the deadline (Envoy) sees it.
     pub in_time_per_s: f64,
-    /// Call latency percentiles, in microseconds.
+    /// Latency percentiles of the calls sent, in microseconds.
     pub latency_us: Latency,
     /// Latency of the answered calls only.
     pub answered_latency_us: Latency,
@@ -321,7 +336,9 @@ impl KeyRecord {
                 };
                 *map.entry((key, window(sent))).or_default() += 1;
             }
-            Outcome::Error(_) => *self.errors.entry((key, sent)).or_default() += 1,
+            Outcome::Error(_) | Outcome::Expired | Outcome::Overflow => {
+                *self.errors.entry((key, sent)).or_default() += 1;
+            }
             Outcome::OverLimit => {}
         }
     }

@@ -14,8 +14,9 @@ capacity measured at 64 in flight, closed loop at 8x and 32x that concurrency, a
 64-descriptor requests at 8, 64 and 256 in flight. It reports goodput (answers within the
 deadline per second), shed answers (UNAVAILABLE) per second and the p99 of both. Where the
 machine has at least 2 CPUs, floodgate is pinned to CPU 0 and the generator and Redis to
-the others (taskset). Where a cgroup can be written, floodgate's CPU is capped for these
-runs (`OVERLOAD_CPU_SHARE`), so that the rows measure floodgate and not the generator.
+the others (taskset). Open-loop callers act as Envoy's do: at most 1,024 calls in flight,
+and a call due past that fails at once in the caller. With `--overload-cpu-share`,
+floodgate's CPU is capped for these runs (a CFS quota, where a cgroup can be written).
 """
 
 import argparse
@@ -44,13 +45,14 @@ SCRIPT_CALLS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
 OVERLOAD_TIMEOUT = "20ms"
 SATURATING_IN_FLIGHT = 64
 OVERLOAD_BACKENDS = ["memory", "redis"]
-# floodgate's CPU in the overload runs, as a Kubernetes CPU limit (a CFS quota) would set it:
-# a share of one CPU small enough that a generator on one core can offer 4x its capacity
-# (it used 0.58 of its core at 123k calls/s), and a period short enough that throttling
-# adds as little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods
-# against 15.8 ms with 10 ms in one A/B, 7.6-20 ms over later runs; 1 ms is the smallest
-# quota the kernel takes).
-OVERLOAD_CPU_SHARE = 0.25
+# Open-loop callers behave as Envoy does: at most its default circuit breaker's calls in
+# flight (`max_requests`), and a call due past it fails at once in the caller
+# (`--fail-when-busy`), so the generator need not send 4x the capacity to offer it.
+ENVOY_MAX_REQUESTS = 1024
+# With `--overload-cpu-share`, floodgate's CPU in the overload runs is capped as a Kubernetes
+# CPU limit (a CFS quota) would cap it, in periods short enough that throttling adds as
+# little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods against
+# 15.8 ms with 10 ms in one A/B, 7.6-20 ms over later runs).
 QUOTA_PERIOD_US = 4000
 
 
@@ -240,13 +242,15 @@ def overload_run(binary, floodgate, harness, seconds, cpus, label, args):
     served_cpu = process_cpu_seconds(floodgate.proc.pid) - served_before
     generated_cpu = children_cpu_seconds() - generated_before
     shed = summary["errors_by_code"].get("Unavailable", 0)
+    overflow = summary["errors_by_code"].get("Overflow", 0)
     return {
         "floodgate_cores": round(served_cpu / elapsed, 2),
         "generator_cores": round(generated_cpu / elapsed, 2),
         "load": label,
         "goodput_per_s": summary["in_time_per_s"],
         "shed_per_s": round(shed / elapsed, 1),
-        "other_errors_per_s": round((summary["errors"] - shed) / elapsed, 1),
+        "overflow_per_s": round(overflow / elapsed, 1),
+        "other_errors_per_s": round((summary["errors"] - shed - overflow) / elapsed, 1),
         "errors_by_code": summary["errors_by_code"],
         "answered_p99_us": summary["answered_latency_us"]["p99"],
         "shed_p99_us": summary["unavailable_latency_us"]["p99"],
@@ -269,7 +273,8 @@ def overload(binary, floodgate, harness, seconds, cpus):
     capacity = max(rows[0]["goodput_per_s"], 1.0)
     for factor in (1, 2, 4):
         rate = int(capacity * factor)
-        rows.append(run(f"open {factor}x", ["--rate", f"{rate}/s", "--concurrency", "20000"]))
+        rows.append(run(f"open {factor}x", ["--rate", f"{rate}/s", "--fail-when-busy",
+                                            "--concurrency", str(ENVOY_MAX_REQUESTS)]))
         rows[-1]["offered_per_s"] = rate
     for factor in (8, 32):
         n = SATURATING_IN_FLIGHT * factor
@@ -292,13 +297,14 @@ def overload(binary, floodgate, harness, seconds, cpus):
 
 
 def overload_table(rows, ratios):
-    out = ["| load | offered/s | goodput/s | shed/s | other errors/s | p99 answered us "
-           "| p99 shed us | floodgate cores | generator cores |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| load | offered/s | goodput/s | shed/s | overflow/s | other errors/s "
+           "| p99 answered us | p99 shed us | floodgate cores | generator cores |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         offered = f"{r['offered_per_s']:,}" if "offered_per_s" in r else "-"
         out.append(f"| {r['load']} | {offered} | {r['goodput_per_s']:,.0f} "
-                   f"| {r['shed_per_s']:,.0f} | {r['other_errors_per_s']:,.0f} "
+                   f"| {r['shed_per_s']:,.0f} | {r['overflow_per_s']:,.0f} "
+                   f"| {r['other_errors_per_s']:,.0f} "
                    f"| {r['answered_p99_us']} | {r['shed_p99_us']} "
                    f"| {r['floodgate_cores']} | {r['generator_cores']} |")
     out += ["", "| goodput ratio | value |", "|---|---:|"]
@@ -446,16 +452,17 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds):
                   "Goodput is calls answered (OK or OVER_LIMIT) within the deadline per second; "
                   "shed is UNAVAILABLE answers per second (`--failure-mode error`); other errors "
                   "are calls the generator gave up on. Open loop offers a multiple of the "
-                  f"goodput at {SATURATING_IN_FLIGHT} in flight; closed loop keeps N calls in "
+                  f"goodput at {SATURATING_IN_FLIGHT} in flight as Envoy's callers would: at most "
+                  f"{ENVOY_MAX_REQUESTS:,} calls in flight (its default circuit breaker), a call "
+                  "due past that fails at once in the caller (counted apart, as overflow), and "
+                  "each call sends what is left of its deadline. Closed loop keeps N calls in "
                   "flight over 4 connections. "
                   + (f"floodgate ran on CPU {pins[0]}, the generator and Redis on CPU {pins[1]} "
                      "(taskset)." if pins else "Nothing was pinned (one CPU).")
                   + (f" floodgate's CPU was capped at {meta['overload_cpu_share']} of one CPU "
                      f"(a CFS quota in {QUOTA_PERIOD_US // 1000} ms periods, as a Kubernetes CPU "
-                     "limit sets), so that the generator, on one core, can offer 4x its "
-                     "capacity." if meta.get("overload_cpu_share") else
-                     " floodgate's CPU was not capped (no writable cgroup): where the "
-                     "generator's core is full, the rows measure the generator.")
+                     "limit sets)." if meta.get("overload_cpu_share") else
+                     " floodgate's CPU was not capped.")
                   + " The cores columns are the CPU each process used over the run: a "
                   "generator near 1.0 on its core limited the run, not floodgate.", ""]
         for backend, (rows, ratios) in overloads.items():
@@ -474,7 +481,12 @@ def main():
     parser.add_argument("--argv", default="scripts/bench-report.sh")
     parser.add_argument("--overload", action=argparse.BooleanOptionalAction, default=True,
                         help="add the overload section (memory and redis)")
+    parser.add_argument("--overload-cpu-share", type=float, metavar="SHARE",
+                        help="cap floodgate at this share of one CPU in the overload runs "
+                        "(e.g. 0.25, as a Kubernetes CPU limit; default: no cap)")
     args = parser.parse_args()
+    if args.overload_cpu_share is not None and not 0.001 <= args.overload_cpu_share <= 1:
+        parser.error("--overload-cpu-share must be between 0.001 and 1")
     matrix = QUICK if args.quick else FULL
     seconds = args.seconds or (3 if args.quick else 10)
     if not 1 <= seconds <= 60:
@@ -523,8 +535,9 @@ def main():
                                       prefix=pinned(pins and pins[0], []))
                 generator_cpus = pins and pins[1]
                 pin_redis(masters, generator_cpus)
-                quota = cpu_limited(floodgate.proc.pid, OVERLOAD_CPU_SHARE)
-                meta["overload_cpu_share"] = OVERLOAD_CPU_SHARE if quota else None
+                share = args.overload_cpu_share
+                quota = share and cpu_limited(floodgate.proc.pid, share)
+                meta["overload_cpu_share"] = share if quota else None
                 try:
                     overloads[backend] = overload(args.binary, floodgate, harness, seconds,
                                                   generator_cpus)

@@ -30,6 +30,14 @@ use floodgate::{config, shutdown, telemetry};
 /// load generator's callers are woken the same way, by their connections' tasks.
 const GLOBAL_QUEUE_INTERVAL: u32 = 2;
 
+/// The async runtime of both commands (the service and `floodgate bench`).
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
+        .enable_all()
+        .build()
+}
+
 /// Turns transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` is set
 /// (mimalloc then decides, as it documents).
 ///
@@ -102,11 +110,7 @@ fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
         eprintln!("floodgate bench: {error}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("floodgate bench: cannot start the async runtime: {error}");
@@ -134,11 +138,7 @@ fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
 /// Runs the service until SIGTERM or SIGINT; exit 1 if it cannot start or fails. Spans
 /// still queued are exported before the process exits.
 fn serve(args: &ServeArgs, reference: &Report) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("floodgate: cannot start the async runtime: {error}");

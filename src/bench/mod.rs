@@ -172,33 +172,25 @@ async fn worker_loop(
     tally: Arc<parking_lot::Mutex<Tally>>,
 ) {
     while let Some(intended) = schedule.intended(issued.fetch_add(1, Ordering::Relaxed)) {
-        if schedule.overflows(intended) {
-            let pick = workload.pick(random.next_u64());
-            let now = SystemTime::now();
-            let call = Call {
-                pick,
-                outcome: Outcome::Overflow,
-                latency: Duration::ZERO,
-                descriptors: 0,
-                sent: now,
-                ended: now,
-            };
-            tally.lock().add(call, &live);
-            continue;
-        }
-        if let Some(wake) = intended.checked_sub(EARLY_SEND)
+        let overflows = schedule.overflows(intended);
+        if !overflows
+            && let Some(wake) = intended.checked_sub(EARLY_SEND)
             && wake > Instant::now()
         {
             tokio::time::sleep_until(wake.into()).await;
         }
         let pick = workload.pick(random.next_u64());
-        let body = workload.body(pick);
         let (sent_at, sent) = (Instant::now(), SystemTime::now());
-        let outcome = caller.call(body, sent_at.min(intended).into()).await;
+        let started = sent_at.min(intended);
+        let outcome = if overflows {
+            Outcome::Overflow
+        } else {
+            caller.call(workload.body(pick), started.into()).await
+        };
         let call = Call {
             pick,
             outcome,
-            latency: sent_at.min(intended).elapsed(),
+            latency: started.elapsed(),
             descriptors: workload.descriptors_of(pick),
             sent,
             ended: SystemTime::now(),

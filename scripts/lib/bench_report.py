@@ -14,9 +14,10 @@ capacity measured at 64 in flight, closed loop at 8x and 32x that concurrency, a
 64-descriptor requests at 8, 64 and 256 in flight. It reports goodput (answers within the
 deadline per second), shed answers (UNAVAILABLE) per second and the p99 of both. Where the
 machine has at least 2 CPUs, floodgate is pinned to CPU 0 and the generator and Redis to
-the others (taskset), in every run of the report. Open-loop callers act as Envoy's do: at most 1,024 calls in flight,
-and a call due past that fails at once in the caller. With `--overload-cpu-share`,
-floodgate's CPU is capped for these runs (a CFS quota, where a cgroup can be written).
+the others (taskset), in every run of the report. Open-loop callers act as Envoy's do: at
+most 1,024 calls in flight, and a call due past that fails at once in the caller. With
+`--overload-cpu-share`, floodgate's CPU is capped for these runs (a CFS quota, where a cgroup
+can be written).
 """
 
 import argparse

@@ -19,6 +19,9 @@ then per item, 9 values:
   shadow     1 = a shadow_mode rule (its denial never rejects the request)
   n W L B consume lockout   as ARGV[2..7] of the algorithm scripts
 
+A bucket decided more than once is read once and written once, at the end (the cache of
+lua/lib.lua).
+
 Reply: 6 integers per item, in item order:
   {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1, rolled_back 0|1}
 or, for every item of a group whose charge failed (a key overwritten with another type
@@ -36,6 +39,15 @@ booked for a rejected request.
 local out = {}
 local arg = 2
 local key = 1
+
+-- The buckets this call decides more than once go through the cache of lua/lib.lua.
+local seen = {}
+for i = 1, #KEYS do
+  if seen[KEYS[i]] then
+    repeated[KEYS[i]] = true
+  end
+  seen[KEYS[i]] = true
+end
 
 -- Undoes an item's booking at its instant (refund id 0), when it made one under reject.
 local function undo(item)
@@ -113,4 +125,5 @@ for _ = 1, tonumber(ARGV[1]) do
     end
   end
 end
+flush()
 return out

@@ -25,7 +25,7 @@ command, which can trail TIME by a millisecond: the key could vanish while it st
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 
-local s = redis.call('HMGET', key, 'w', 'c', 'lk', 'r')
+local s = hmget(key, 'w', 'c', 'lk', 'r')
 local refunds = s[4] or ''
 local window = tonumber(s[1]) or 0
 local count = tonumber(s[2]) or 0
@@ -37,15 +37,15 @@ local window0, count0, locked0 = window, count, locked
 
 local function save()
   if count > 0 and count0 > 0 and window == window0 and locked == locked0 then
-    redis.call('HSET', key, 'c', int(count))
+    hset(key, 'c', int(count))
     return
   end
   local expires = locked
   if count > 0 then
     expires = math.max(expires, (window + 1) * W)
   end
-  redis.call('HSET', key, 'w', int(window), 'c', int(count), 'lk', int(locked))
-  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
+  hset(key, 'w', int(window), 'c', int(count), 'lk', int(locked))
+  pexpireat(key, int(math.max(expires, now + 1)))
 end
 
 if op == 'refund' then
@@ -62,7 +62,7 @@ if op == 'refund' then
   end
   count = count - math.min(count, n)
   save()
-  redis.call('HSET', key, 'r', refund_remember(refunds, refund_id))
+  hset(key, 'r', refund_remember(refunds, refund_id))
   return {1, now}
 end
 

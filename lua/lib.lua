@@ -44,3 +44,109 @@ local function refund_remember(ids, id)
   list[#list + 1] = id
   return table.concat(list, ',', math.max(1, #list - RECENT_REFUNDS + 1), #list)
 end
+
+-- Buckets that a batch decides more than once (a hot key) are read and written through a
+-- cache that lives for one call: one HMGET, then one HSET and one PEXPIREAT at the end,
+-- instead of a round of commands per item. Nothing else runs inside a script, so the result
+-- is the same as sending every command in order. Other buckets go straight to Redis: a cache
+-- costs more than it saves for a bucket touched once. lua/batch.lua fills `repeated`; every
+-- entry point ends with flush(), and each call of the function library starts empty.
+local cache, touched, repeated = {}, {}, {}
+
+-- HMGET key fields...: false for a missing field, as Redis answers it.
+local function hmget(key, ...)
+  if not repeated[key] then
+    return redis.call('HMGET', key, ...)
+  end
+  local names = {...}
+  local entry = cache[key]
+  if not entry then
+    local values = redis.call('HMGET', key, ...)
+    -- fields: name -> value; changed: the names written since, in order, and name -> true.
+    entry = {fields = {}, changed = {}}
+    for i = 1, #names do
+      entry.fields[names[i]] = values[i]
+    end
+    cache[key] = entry
+    return values
+  end
+  local out, missing = {}, {}
+  for i = 1, #names do
+    out[i] = entry.fields[names[i]]
+    if out[i] == nil then
+      missing[#missing + 1] = i
+    end
+  end
+  if #missing > 0 then
+    local fetch = {}
+    for j = 1, #missing do
+      fetch[j] = names[missing[j]]
+    end
+    local values = redis.call('HMGET', key, unpack(fetch))
+    for j = 1, #missing do
+      out[missing[j]] = values[j]
+      entry.fields[fetch[j]] = values[j]
+    end
+  end
+  return out
+end
+
+local function entry_of(key)
+  local entry = cache[key]
+  if not entry then
+    entry = {fields = {}, changed = {}}
+    cache[key] = entry
+  end
+  if not entry.touched then
+    entry.touched = true
+    touched[#touched + 1] = key
+  end
+  return entry
+end
+
+-- HSET key field value [field value ...], held until flush().
+local function hset(key, ...)
+  if not repeated[key] then
+    redis.call('HSET', key, ...)
+    return
+  end
+  local entry = entry_of(key)
+  local words = {...}
+  for i = 1, #words, 2 do
+    local name = words[i]
+    if not entry.changed[name] then
+      entry.changed[name] = true
+      entry.changed[#entry.changed + 1] = name
+    end
+    entry.fields[name] = words[i + 1]
+  end
+end
+
+-- PEXPIREAT key at, held until flush(); the last one wins, as it would in Redis.
+local function pexpireat(key, at)
+  if not repeated[key] then
+    redis.call('PEXPIREAT', key, at)
+    return
+  end
+  entry_of(key).expires = at
+end
+
+-- Writes every changed bucket (one HSET of its changed fields, then its expiry), in the
+-- order they were first written, and empties the cache.
+local function flush()
+  for _, key in ipairs(touched) do
+    local entry = cache[key]
+    if #entry.changed > 0 then
+      local words = {}
+      for _, name in ipairs(entry.changed) do
+        words[#words + 1] = name
+        words[#words + 1] = entry.fields[name]
+      end
+      redis.call('HSET', key, unpack(words))
+    end
+    if entry.expires then
+      redis.call('PEXPIREAT', key, entry.expires)
+    end
+  end
+  cache, touched, repeated = {}, {}, {}
+end

@@ -24,7 +24,7 @@ Reply, integers only:
 ]]
 -- The shared head (lua/prelude.lua) is prepended when the script is loaded.
 
-local s = redis.call('HMGET', key, 'w', 'c', 'p', 'lk', 'r')
+local s = hmget(key, 'w', 'c', 'p', 'lk', 'r')
 local refunds = s[5] or ''
 local window = tonumber(s[1]) or 0
 local c = tonumber(s[2]) or 0
@@ -37,7 +37,7 @@ local window0, c0, p0, locked0 = window, c, p, locked
 
 local function save()
   if c > 0 and c0 > 0 and window == window0 and p == p0 and locked == locked0 then
-    redis.call('HSET', key, 'c', int(c))
+    hset(key, 'c', int(c))
     return
   end
   local expires = locked
@@ -46,8 +46,8 @@ local function save()
   elseif p > 0 then
     expires = math.max(expires, (window + 1) * W)
   end
-  redis.call('HSET', key, 'w', int(window), 'c', int(c), 'p', int(p), 'lk', int(locked))
-  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
+  hset(key, 'w', int(window), 'c', int(c), 'p', int(p), 'lk', int(locked))
+  pexpireat(key, int(math.max(expires, now + 1)))
 end
 
 -- Roll to now: the current count becomes the previous one in the next window; older
@@ -78,7 +78,7 @@ if op == 'refund' then
     return {0, now}
   end
   save()
-  redis.call('HSET', key, 'r', refund_remember(refunds, refund_id))
+  hset(key, 'r', refund_remember(refunds, refund_id))
   return {1, now}
 end
 

@@ -39,7 +39,7 @@ local U = W / g
 local lambda = L / g
 local C = B * U
 
-local s = redis.call('HMGET', key, 'u', 't', 'lk', 'r')
+local s = hmget(key, 'u', 't', 'lk', 'r')
 local refunds = s[4] or ''
 local level = tonumber(s[1]) or 0
 local updated = tonumber(s[2]) or 0
@@ -54,8 +54,8 @@ end
 
 local function save()
   local expires = math.max(updated + cdiv(level, lambda), locked)
-  redis.call('HSET', key, 'u', int(level), 't', int(updated), 'lk', int(locked))
-  redis.call('PEXPIREAT', key, int(math.max(expires, now + 1)))
+  hset(key, 'u', int(level), 't', int(updated), 'lk', int(locked))
+  pexpireat(key, int(math.max(expires, now + 1)))
 end
 
 if op == 'refund' then
@@ -76,7 +76,7 @@ if op == 'refund' then
   level = u0 - math.min(u0, held)
   updated = now
   save()
-  redis.call('HSET', key, 'r', refund_remember(refunds, refund_id))
+  hset(key, 'r', refund_remember(refunds, refund_id))
   return {1, now}
 end
 

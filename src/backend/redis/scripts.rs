@@ -77,10 +77,16 @@ macro_rules! once_per_call {
     };
 }
 
-/// One loadable single-bucket script (refunds, Redis Cluster charges).
+/// One loadable single-bucket script (refunds, Redis Cluster charges): the algorithm as a
+/// function, so that its writes go out (`flush()` of lua/lib.lua) whichever way it returns.
 macro_rules! script {
     ($name:literal) => {
-        concat!(once_per_call!(), algorithm!($name))
+        concat!(
+            once_per_call!(),
+            "local function run(KEYS, ARGV)\n",
+            algorithm!($name),
+            "\nend\nlocal reply = run(KEYS, ARGV)\nflush()\nreturn reply\n",
+        )
     };
 }
 
@@ -120,8 +126,9 @@ const BATCH: &str = concat!(
 );
 
 /// The function library's code after its clock function (see `Library`): the helpers and
-/// the algorithms, defined once at `FUNCTION LOAD`; `now` is a library-wide variable that
-/// each function sets first (Redis runs one function at a time, so no call sees another's).
+/// the algorithms, defined once at `FUNCTION LOAD`; `now` and the bucket cache are
+/// library-wide variables that each function sets first (`tick`: Redis runs one function at a
+/// time, so no call sees another's).
 const LIBRARY_HEAD: &str = concat!(
     "local now\n",
     include_str!("../../../lua/lib.lua"),
@@ -226,7 +233,7 @@ impl Library {
     /// `PINNED_CLOCK`).
     fn new(clock_line: &str) -> Library {
         let body = format!(
-            "{LIBRARY_HEAD}local function tick(ARGV)\n{clock_line}{}end\n",
+            "{LIBRARY_HEAD}local function tick(ARGV)\n{clock_line}{}cache, touched, repeated = {{}}, {{}}, {{}}\nend\n",
             now!()
         );
         // Registered under `NAME_<function>`, NAME replaced by the library's name once the
@@ -252,7 +259,7 @@ impl Library {
             register(
                 algorithm.as_str(),
                 "",
-                &format!("return ALGORITHMS[{index}](KEYS, ARGV)\n"),
+                &format!("local reply = ALGORITHMS[{index}](KEYS, ARGV)\nflush()\nreturn reply\n"),
                 "",
             );
         }

@@ -7,27 +7,29 @@ scripts, each wrapped as a function(KEYS, ARGV) that returns that script's reply
 
 KEYS     every item's bucket, in item order across all groups
 ARGV[1]  G: the number of groups (requests)
-then per group, 5 values:
-  admit      1 = the request is admitted whatever it decides (global shadow mode)
-  over       1 = a non-quota rule of the request already denied without the backend
-  qtotal     quota rules of the request decided without the backend
-  qover      of those, how many denied
-  m          the group's item count
-then per item, 9 values:
+ARGV[2]  P: the number of distinct policies the items use, each sent once
+then per policy, 8 values:
   algorithm  1..4, the index in ALGORITHMS
   quota      1 = a quota_mode rule
   shadow     1 = a shadow_mode rule (its denial never rejects the request)
-  n W L B consume lockout   as ARGV[2..7] of the algorithm scripts
+  W L B consume lockout   as ARGV[3..7] of the algorithm scripts
+then per group:
+  m          its item count, written -m when 4 values of verdicts known without Redis follow:
+    admit    1 = the request is admitted whatever it decides (global shadow mode)
+    over     1 = a non-quota rule of the request already denied without the backend
+    qtotal   quota rules of the request decided without the backend
+    qover    of those, how many denied
+  then per item, 2 values: its policy (1..P) and n, its cost
+
+Reply: now_ms (the one clock reading of the call), then 3 integers per item, in item order:
+  {state, remaining, reset_ms}, state = allowed + 2 booked + 4 rolled_back (each 0|1),
+or, for every item of a group whose charge failed (a key overwritten with another type
+answers WRONGTYPE, say): {-1, 0, 0}. Errors are per group: the failing call is caught
+(pcall), the group's bookings made so far are undone here, and the other groups of the
+batch are decided as if it were not there.
 
 A bucket decided more than once is read once and written once, at the end (the cache of
 lua/lib.lua).
-
-Reply: 6 integers per item, in item order:
-  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1, rolled_back 0|1}
-or, for every item of a group whose charge failed (a key overwritten with another type
-answers WRONGTYPE, say): {-1, 0, 0, 0, 0, 0}. Errors are per group: the failing call is
-caught (pcall), the group's bookings made so far are undone here, and the other groups of
-the batch are decided as if it were not there.
 
 A group is rejected when a non-quota rule denies or every quota rule denies (`Tally` in
 src/backend/mod.rs). A rejected group's bookings made under `reject` are undone right away by
@@ -36,8 +38,7 @@ recorded), inside this one atomic script, so no other client ever sees them: not
 booked for a rejected request.
 ]]
 
-local out = {}
-local arg = 2
+local out = {now}
 local key = 1
 
 -- The buckets this call decides more than once go through the cache of lua/lib.lua.
@@ -49,44 +50,62 @@ for i = 1, #KEYS do
   seen[KEYS[i]] = true
 end
 
+-- The policies, read once: an item's words for its algorithm are numbers already.
+local policies = {}
+local arg = 3
+for p = 1, tonumber(ARGV[2]) do
+  local run = ALGORITHMS[tonumber(ARGV[arg])]
+  if not run then
+    return redis.error_reply('ERR floodgate batch: unknown algorithm')
+  end
+  policies[p] = {run = run, quota = ARGV[arg + 1] == '1', shadow = ARGV[arg + 2] == '1',
+    W = tonumber(ARGV[arg + 3]), L = tonumber(ARGV[arg + 4]), B = tonumber(ARGV[arg + 5]),
+    consume = ARGV[arg + 6], lockout = tonumber(ARGV[arg + 7])}
+  arg = arg + 8
+end
+
 -- Undoes an item's booking at its instant (refund id 0), when it made one under reject.
 local function undo(item)
-  local reply = item.reply
-  if reply[1] == 1 and reply[5] == 1 and item.args[2] ~= '0' and item.args[6] ~= '1' then
-    local ok, undone = pcall(item.run, {item.key}, {'refund', item.args[2], item.args[3],
-      item.args[4], item.args[5], item.args[6], item.args[7], string.format('%d', reply[4]),
-      '0'})
+  local reply, args = item.reply, item.args
+  if reply[1] == 1 and reply[5] == 1 and args[2] ~= 0 and args[6] ~= '1' then
+    local ok, undone = pcall(item.run, {item.key}, {'refund', args[2], args[3], args[4],
+      args[5], args[6], args[7], string.format('%d', reply[4]), '0'})
     return ok and not undone.err
   end
   return false
 end
 
 for _ = 1, tonumber(ARGV[1]) do
-  local admit = ARGV[arg] == '1'
-  local over = ARGV[arg + 1] == '1'
-  local qtotal = tonumber(ARGV[arg + 2])
-  local qover = tonumber(ARGV[arg + 3])
-  local m = tonumber(ARGV[arg + 4])
-  arg = arg + 5
+  local m = tonumber(ARGV[arg])
+  local admit, over, qtotal, qover = false, false, 0, 0
+  if m < 0 then
+    m = -m
+    admit = ARGV[arg + 1] == '1'
+    over = ARGV[arg + 2] == '1'
+    qtotal = tonumber(ARGV[arg + 3])
+    qover = tonumber(ARGV[arg + 4])
+    arg = arg + 4
+  end
+  arg = arg + 1
   local items = {}
   local failed = false
   for i = 1, m do
-    local run = ALGORITHMS[tonumber(ARGV[arg])]
-    if not run then
-      return redis.error_reply('ERR floodgate batch: unknown algorithm')
+    local policy = policies[tonumber(ARGV[arg])]
+    if not policy then
+      return redis.error_reply('ERR floodgate batch: unknown policy')
     end
-    local args = {'charge', ARGV[arg + 3], ARGV[arg + 4], ARGV[arg + 5], ARGV[arg + 6],
-      ARGV[arg + 7], ARGV[arg + 8], '0', '0'}
-    local ok, reply = pcall(run, {KEYS[key]}, args)
+    local args = {'charge', tonumber(ARGV[arg + 1]), policy.W, policy.L, policy.B,
+      policy.consume, policy.lockout, '0', '0'}
+    local ok, reply = pcall(policy.run, {KEYS[key]}, args)
     if not ok or reply.err then
       -- This request fails alone: skip its other items, undo what it booked.
       failed = true
-      arg = arg + 9 * (m - i + 1)
+      arg = arg + 2 * (m - i + 1)
       key = key + (m - i + 1)
       break
     end
-    local denied = reply[1] == 0 and ARGV[arg + 2] ~= '1'
-    if ARGV[arg + 1] == '1' then
+    local denied = reply[1] == 0 and not policy.shadow
+    if policy.quota then
       qtotal = qtotal + 1
       if denied then
         qover = qover + 1
@@ -94,8 +113,8 @@ for _ = 1, tonumber(ARGV[1]) do
     elseif denied then
       over = true
     end
-    items[i] = {run = run, key = KEYS[key], args = args, reply = reply}
-    arg = arg + 9
+    items[i] = {run = policy.run, key = KEYS[key], args = args, reply = reply}
+    arg = arg + 2
     key = key + 1
   end
   if failed then
@@ -103,9 +122,9 @@ for _ = 1, tonumber(ARGV[1]) do
       undo(items[i])
     end
     for _ = 1, m do
-      for _, value in ipairs({-1, 0, 0, 0, 0, 0}) do
-        out[#out + 1] = value
-      end
+      out[#out + 1] = -1
+      out[#out + 1] = 0
+      out[#out + 1] = 0
     end
   else
     local rejected = not admit and (over or (qtotal > 0 and qover == qtotal))
@@ -118,10 +137,9 @@ for _ = 1, tonumber(ARGV[1]) do
         reply[5] = 0
         rolled_back = 1
       end
-      for j = 1, 5 do
-        out[#out + 1] = reply[j]
-      end
-      out[#out + 1] = rolled_back
+      out[#out + 1] = reply[1] + 2 * reply[5] + 4 * rolled_back
+      out[#out + 1] = reply[2]
+      out[#out + 1] = reply[3]
     end
   end
 end

@@ -2,6 +2,8 @@
 //! outcomes. What the scripts are is `super::scripts`; the words of each call follow the
 //! headers of `lua/*.lua`, written once here in Rust.
 
+use std::collections::HashMap;
+
 use redis::{Cmd, RedisError, RedisWrite, ToRedisArgs, Value};
 
 use super::errors;
@@ -72,11 +74,10 @@ impl Argv {
     }
 }
 
-/// ARGV[2..=7] of an algorithm script, `n W L B consume lockout`: what a decision needs.
-/// The batch script takes the same six per item.
-fn decision_args(cost: u64, policy: &Policy) -> [u64; 6] {
+/// ARGV[3..=7] of an algorithm script, `W L B consume lockout`: what a decision needs
+/// besides its cost. The batch script's policy table holds the same five.
+fn policy_args(policy: &Policy) -> [u64; 5] {
     [
-        cost,
         policy.window_ms(),
         u64::from(policy.requests_per_unit),
         u64::from(policy.burst),
@@ -96,7 +97,8 @@ impl ToRedisArgs for Argv {
             Op::Refund { booked_at_ms, id } => ("refund", booked_at_ms, id),
         };
         op.write_redis_args(out);
-        for word in decision_args(self.cost, &self.policy) {
+        self.cost.write_redis_args(out);
+        for word in policy_args(&self.policy) {
             word.write_redis_args(out);
         }
         booked_at_ms.write_redis_args(out);
@@ -152,41 +154,72 @@ impl Call {
 /// One batch script call: the groups of several requests, each decided all-or-nothing.
 #[derive(Debug, Default)]
 pub(crate) struct BatchCall {
-    keys: Vec<String>,
-    argv: Vec<u64>,
-    groups: u64,
+    groups: Vec<GroupWords>,
+    /// Items in all groups.
+    items: usize,
     /// Worst-case work in Redis: one per item, plus the log entries a sliding-log denial
     /// may read (`sliding_log::wait_reads`).
     work: u64,
 }
 
+/// One request's group as the batch script reads it (lua/batch.lua).
+#[derive(Debug)]
+struct GroupWords {
+    /// `admit over qtotal qover`, when any is set (most requests send none).
+    prior: Option<[u64; 4]>,
+    items: Vec<ItemWords>,
+}
+
+#[derive(Debug)]
+struct ItemWords {
+    key: String,
+    policy: PolicyWords,
+    cost: u64,
+}
+
+/// An entry of the batch script's policy table: `algorithm quota shadow W L B consume
+/// lockout`. Items of one rule share it, so a batch sends it once.
+type PolicyWords = [u64; 8];
+
 impl BatchCall {
     /// Adds one request's group; its items' keys carry `prefix`.
     pub(crate) fn push(&mut self, group: &Group, prefix: &str) {
-        self.groups += 1;
         let prior = &group.prior;
-        self.argv.extend([
+        let head = [
             u64::from(group.admit),
             u64::from(prior.over),
             u64::from(prior.quota_total),
             u64::from(prior.quota_over),
-            group.items.len() as u64,
-        ]);
-        for item in &group.items {
+        ];
+        let items = group.items.iter().map(|item| {
             let (charge, policy) = (&item.charge, &item.charge.policy);
-            self.keys.push(charge.bucket.redis_key(prefix));
-            self.argv.extend([
-                batch_index(policy.algorithm) as u64,
-                u64::from(item.weight.quota),
-                u64::from(item.weight.shadow),
-            ]);
-            self.argv.extend(decision_args(charge.cost, policy));
             self.work += 1;
             if policy.algorithm == Algorithm::SlidingLog {
                 let limit = u64::from(policy.requests_per_unit);
                 self.work += sliding_log::wait_reads(limit, charge.cost);
             }
-        }
+            let [w, l, b, consume, lockout] = policy_args(policy);
+            ItemWords {
+                key: charge.bucket.redis_key(prefix),
+                policy: [
+                    batch_index(policy.algorithm) as u64,
+                    u64::from(item.weight.quota),
+                    u64::from(item.weight.shadow),
+                    w,
+                    l,
+                    b,
+                    consume,
+                    lockout,
+                ],
+                cost: charge.cost,
+            }
+        });
+        let items: Vec<ItemWords> = items.collect();
+        self.items += items.len();
+        self.groups.push(GroupWords {
+            prior: (head != [0; 4]).then_some(head),
+            items,
+        });
     }
 
     /// Worst-case work in Redis, in items and log entries read (see `push`).
@@ -196,12 +229,12 @@ impl BatchCall {
 
     /// Items in the call.
     pub(crate) fn len(&self) -> usize {
-        self.keys.len()
+        self.items
     }
 
     /// One command deciding every group of `calls`, in order: `EVALSHA sha numkeys keys...
-    /// G argv...` (or `EVAL` with the source, or `FCALL` of the batch function). Arguments
-    /// are written straight into the command buffer, so joining requests copies nothing else.
+    /// G P policies... groups...` (or `EVAL` with the source, or `FCALL` of the batch
+    /// function). Arguments are written straight into the command buffer.
     pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
         let mut cmd = scripts.batch_head(via);
         BatchCall::append(&mut cmd, calls, scripts);
@@ -209,37 +242,84 @@ impl BatchCall {
     }
 
     /// The Redis Cluster form of [`BatchCall::command`]: `FCALL <library>_batch_slots 0
-    /// nkeys keys... G argv...`, the keys in ARGV so that they may lie in several slots of
-    /// the node that runs it.
+    /// nkeys keys... G P policies... groups...`, the keys in ARGV so that they may lie in
+    /// several slots of the node that runs it.
     pub(crate) fn command_across_slots(calls: &[&BatchCall], scripts: &ScriptSet) -> Cmd {
         let mut cmd = scripts.batch_slots_head();
         BatchCall::append(&mut cmd, calls, scripts);
         cmd
     }
 
-    /// `nkeys keys... G argv... [pinned time]`.
+    /// `nkeys keys... G P policies... groups... [pinned time]`.
     fn append(cmd: &mut Cmd, calls: &[&BatchCall], scripts: &ScriptSet) {
+        let groups = || calls.iter().flat_map(|call| &call.groups);
+        let items = || groups().flat_map(|group| &group.items);
         cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
-        for call in calls {
-            cmd.arg(&call.keys);
+        for item in items() {
+            cmd.arg(&item.key);
         }
-        cmd.arg(calls.iter().map(|call| call.groups).sum::<u64>());
-        for call in calls {
-            cmd.arg(&call.argv);
+        let mut table = PolicyTable::default();
+        let numbers: Vec<u64> = items().map(|item| table.number(item.policy)).collect();
+        cmd.arg(groups().count()).arg(table.list.len());
+        for words in &table.list {
+            cmd.arg(&words[..]);
+        }
+        let mut numbers = numbers.into_iter();
+        for group in groups() {
+            let m = group.items.len();
+            match group.prior {
+                Some(prior) => cmd.arg(-(m as i64)).arg(&prior[..]),
+                None => cmd.arg(m),
+            };
+            for (item, number) in group.items.iter().zip(numbers.by_ref()) {
+                cmd.arg(number).arg(item.cost);
+            }
         }
         cmd.arg(scripts.pinned_now());
     }
 }
 
-/// Reads a batch reply: 6 integers per item (see lua/batch.lua), `items` items.
-/// The outcome of every item of a batch reply; `None` for the items of a group whose charge
-/// failed in the script (its own request fails, the others stand).
+/// The distinct policies of one batch, numbered from 1 in the order first seen.
+#[derive(Default)]
+struct PolicyTable {
+    list: Vec<PolicyWords>,
+    /// Filled once the list outgrows `SCAN`: a batch of a few rules scans, a batch of many
+    /// hashes.
+    index: HashMap<PolicyWords, usize>,
+}
+
+impl PolicyTable {
+    const SCAN: usize = 8;
+
+    /// The number of `words` in the table, added if new.
+    fn number(&mut self, words: PolicyWords) -> u64 {
+        let found = if self.list.len() > Self::SCAN {
+            self.index.get(&words).copied()
+        } else {
+            self.list.iter().position(|known| *known == words)
+        };
+        let index = found.unwrap_or_else(|| {
+            self.list.push(words);
+            match self.list.len() {
+                n if n == Self::SCAN + 1 => self.index.extend(self.list.iter().copied().zip(0..)),
+                n if n > Self::SCAN + 1 => _ = self.index.insert(words, n - 1),
+                _ => {}
+            }
+            self.list.len() - 1
+        });
+        index as u64 + 1
+    }
+}
+
+/// The outcome of every item of a batch reply (see lua/batch.lua: the call's `now_ms`, then
+/// `state remaining reset_ms` per item), `items` items; `None` for the items of a group whose
+/// charge failed in the script (its own request fails, the others stand).
 pub(crate) fn batch_outcomes(
     value: Value,
     items: usize,
 ) -> Result<Vec<Option<Outcome>>, BackendError> {
     let values = match value {
-        Value::Array(values) if values.len() == items * 6 => values,
+        Value::Array(values) if values.len() == 1 + items * 3 => values,
         Value::ServerError(e) => return Err(errors::server_error(&RedisError::from(e))),
         other => {
             return Err(BackendError::failed(format!(
@@ -248,23 +328,22 @@ pub(crate) fn batch_outcomes(
         }
     };
     let mut values = values.into_iter();
+    let [now_ms] = integers_of::<1>(values.by_ref())?;
     (0..items)
         .map(|_| {
-            let [allowed, remaining, reset_ms, now_ms, booked, rolled_back] =
-                integers_of::<6>(values.by_ref())?;
-            if allowed == -1 {
-                return Ok(None);
-            }
-            let mut outcome = outcome_of([allowed, remaining, reset_ms, now_ms, booked])?;
-            outcome.rolled_back = match rolled_back {
-                0 | 1 => rolled_back == 1,
-                other => {
-                    return Err(BackendError::failed(format!(
-                        "batch reply out of range: rolled_back {other}"
-                    )));
+            let [state, remaining, reset_ms] = integers_of::<3>(values.by_ref())?;
+            match state {
+                -1 => Ok(None),
+                0..=7 => {
+                    let (allowed, booked) = (state & 1, state >> 1 & 1);
+                    let mut outcome = outcome_of([allowed, remaining, reset_ms, now_ms, booked])?;
+                    outcome.rolled_back = state & 4 != 0;
+                    Ok(Some(outcome))
                 }
-            };
-            Ok(Some(outcome))
+                other => Err(BackendError::failed(format!(
+                    "batch reply out of range: state {other}"
+                ))),
+            }
         })
         .collect()
 }
@@ -449,14 +528,16 @@ mod tests {
         let key = |value| charge(value, 0).bucket.redis_key("fg");
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let sha = set.batch().get_hash().to_owned();
+        // Keys; 2 groups and 3 policies; the first group with its prior verdicts (-m), items
+        // as policy number and cost; the second admitted whatever it decides.
         #[rustfmt::skip]
         let expected = [
-            "EVALSHA", &sha, "3", &a, &b, &c, "2",
-            "0", "1", "0", "0", "2",
-            "1", "1", "0", "2", "60000", "5", "5", "0", "0",
-            "1", "0", "1", "0", "60000", "5", "5", "0", "0",
-            "1", "0", "0", "0", "1",
-            "1", "0", "0", "1", "60000", "5", "5", "0", "0",
+            "EVALSHA", &sha, "3", &a, &b, &c, "2", "3",
+            "1", "1", "0", "60000", "5", "5", "0", "0",
+            "1", "0", "1", "60000", "5", "5", "0", "0",
+            "1", "0", "0", "60000", "5", "5", "0", "0",
+            "-2", "0", "1", "0", "0", "1", "2", "2", "0",
+            "-1", "1", "0", "0", "0", "3", "1",
         ];
         assert_eq!(words, expected);
         assert_eq!(first.len() + second.len(), 3);
@@ -498,5 +579,31 @@ mod tests {
         assert!(outcome(ints(&[1, 0, 0, 0])).is_err());
         assert!(refunded(ints(&[1, 5])).is_ok());
         assert!(refunded(Value::Nil).is_err());
+
+        // A batch: now_ms, then state (allowed + 2 booked + 4 rolled back) remaining reset.
+        let now = 1_700_000_000_000;
+        let batch = batch_outcomes(ints(&[now, 5, 4, 500, -1, 0, 0, 0, 0, 9]), 3).unwrap();
+        let first = batch[0].unwrap();
+        assert!(first.allowed && !first.booked && first.rolled_back);
+        assert_eq!(
+            (first.remaining, first.reset_ms, first.now_ms),
+            (4, 500, now)
+        );
+        assert!(batch[1].is_none());
+        let third = batch[2].unwrap();
+        assert!(!third.allowed && !third.booked && !third.rolled_back);
+        assert!(batch_outcomes(ints(&[now, 8, 0, 0]), 1).is_err());
+        assert!(batch_outcomes(ints(&[now, 1, 0, 0]), 2).is_err());
+    }
+
+    #[test]
+    fn a_batch_sends_each_policy_once_however_many_there_are() {
+        let mut table = PolicyTable::default();
+        let words = |i: u64| [1, 0, 0, 1000, i, i, 0, 0];
+        let first: Vec<u64> = (0..20).map(|i| table.number(words(i))).collect();
+        assert_eq!(first, (1..=20).collect::<Vec<_>>());
+        let again: Vec<u64> = (0..20).rev().map(|i| table.number(words(i))).collect();
+        assert_eq!(again, (1..=20).rev().collect::<Vec<_>>());
+        assert_eq!(table.list.len(), 20);
     }
 }

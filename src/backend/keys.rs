@@ -16,6 +16,9 @@ use crate::rules::{Algorithm, Policy};
 /// Default prefix of every Redis key (`--key-prefix`), so deployments can share a Redis.
 pub const DEFAULT_KEY_PREFIX: &str = "fg";
 
+/// What a Redis key adds to its prefix: `:{`, 22 base64url characters of 16 bytes, `}`.
+const REDIS_KEY_OVERHEAD: usize = 2 + 22 + 1;
+
 /// The first 16 bytes of SHA-256 of a bucket identity: the bucket's name everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BucketKey([u8; 16]);
@@ -61,7 +64,13 @@ impl BucketKey {
     /// The whole hash is the Redis Cluster hash tag, so one bucket is one slot and distinct
     /// buckets spread evenly over the slots.
     pub fn redis_key(&self, prefix: &str) -> String {
-        format!("{prefix}:{{{}}}", URL_SAFE_NO_PAD.encode(self.0))
+        // One allocation of the final size: every charge sent to Redis builds its key.
+        let mut key = String::with_capacity(prefix.len() + REDIS_KEY_OVERHEAD);
+        key.push_str(prefix);
+        key.push_str(":{");
+        URL_SAFE_NO_PAD.encode_string(self.0, &mut key);
+        key.push('}');
+        key
     }
 }
 
@@ -133,6 +142,11 @@ mod tests {
         assert!(redis_key.ends_with('}'));
         assert_eq!(redis_key.matches('{').count(), 1);
         assert_eq!(redis_key.len(), "fg:{}".len() + 22);
+        assert_eq!(
+            redis_key.capacity(),
+            redis_key.len(),
+            "built in one allocation"
+        );
     }
 
     #[test]

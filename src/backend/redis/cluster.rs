@@ -47,8 +47,10 @@ use super::scripts::{ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
 use crate::backend::{Backend, BackendError, Group, Item, Outcome, Refund, undoable};
 use crate::redact::{Redacted, Secrets};
+use health::Health;
 use slots::{SlotMap, slot_of};
 
+mod health;
 mod slots;
 
 /// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
@@ -97,22 +99,43 @@ struct NodeLink {
     scripts: ScriptSet,
     secrets: Secrets,
     slot: u16,
+    /// Whether the master may get decisions after a silence (`health`).
+    health: Arc<Health>,
+    /// The backend timeout, which also bounds a probe.
+    timeout: Duration,
 }
 
-impl Runner for NodeLink {
+impl NodeLink {
+    /// The master of `slot`, as the client knows it.
+    fn route(&self) -> RoutingInfo {
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            self.slot,
+            SlotAddr::Master,
+        )))
+    }
+
+    /// Sends one `PING` to a quarantined master, unless one is out (see `health`).
+    fn probe(&self) {
+        if !self.health.start_probe() {
+            return;
+        }
+        let (mut conn, route) = (self.conn.clone(), self.route());
+        let (health, timeout) = (Arc::clone(&self.health), self.timeout);
+        tokio::spawn(async move {
+            let ping = tokio::time::timeout(timeout, conn.route_command(redis::cmd("PING"), route));
+            let answered = matches!(ping.await, Ok(Ok(_)));
+            health.end_probe(answered.then(Instant::now));
+        });
+    }
+
     /// One `FCALL` for `calls`; after `Function not found` the library is loaded on the same
     /// node and the call goes again (the first one did not run).
-    async fn run_batch(
+    async fn send(
         &self,
         calls: &[&BatchCall],
         deadline: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        let route = || {
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                self.slot,
-                SlotAddr::Master,
-            )))
-        };
+        let route = || self.route();
         let mut conn = self.conn.clone();
         let mut reply = Value::Nil;
         for retry in [false, true] {
@@ -136,6 +159,32 @@ impl Runner for NodeLink {
         }
         let items = calls.iter().map(|call| call.len()).sum();
         calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
+    }
+}
+
+impl Runner for NodeLink {
+    /// Sends the call unless the master is quarantined after a silence (`health`), and
+    /// notes whether it answered.
+    async fn run_batch(
+        &self,
+        calls: &[&BatchCall],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Outcome>>, BackendError> {
+        if !self.health.admits(Instant::now()) {
+            self.probe();
+            return Err(BackendError::Unavailable(
+                "a Redis Cluster master went silent: it gets decisions again once it answers"
+                    .into(),
+            ));
+        }
+        let result = self.send(calls, deadline).await;
+        match &result {
+            Err(BackendError::Timeout | BackendError::Unavailable(_)) => {
+                self.health.unanswered(Instant::now());
+            }
+            _ => self.health.answered(Instant::now()),
+        }
+        result
     }
 }
 
@@ -480,6 +529,8 @@ impl Cluster {
                         scripts: self.scripts.clone(),
                         secrets: self.secrets.clone(),
                         slot,
+                        health: Arc::new(Health::new()),
+                        timeout: self.options.timeout,
                     };
                     (
                         slot,

@@ -21,6 +21,9 @@
 //! on a node that then died, that one booking may count twice. It is the price of riding
 //! through failovers without failing every call in flight.
 //!
+//! A master silent for half a second gets no decision until it answers again (`health`): a
+//! master frozen past the node timeout must not wake to a decision its replica never sees.
+//!
 //! One failed master fails only its own buckets provided the cluster runs with
 //! `cluster-require-full-coverage no`: with Redis' default every node answers `CLUSTERDOWN`
 //! for every key until the failed master's replica is promoted, which no client can avoid.

@@ -102,8 +102,6 @@ struct NodeLink {
     scripts: ScriptSet,
     secrets: Secrets,
     slot: u16,
-    /// The master's address as `CLUSTER SLOTS` named it, when it parses as `host:port`.
-    address: Option<(String, u16)>,
     /// Whether the master may get decisions after a silence (`health`).
     health: Arc<Health>,
     /// The backend timeout, which also bounds a probe.
@@ -111,18 +109,12 @@ struct NodeLink {
 }
 
 impl NodeLink {
-    /// The master this lane was made for, by its address: after a failover the client's own
-    /// slot map can still name the old master (a frozen node sends no `MOVED`) while the map
-    /// floodgate read already names the promoted replica. By `slot` through the client's map
-    /// when the address did not parse.
+    /// The master of `slot`, as the client knows it.
     fn route(&self) -> RoutingInfo {
-        RoutingInfo::SingleNode(match &self.address {
-            Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            },
-            None => SingleNodeRoutingInfo::SpecificNode(Route::new(self.slot, SlotAddr::Master)),
-        })
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            self.slot,
+            SlotAddr::Master,
+        )))
     }
 
     /// Sends one `PING` to a quarantined master, unless one is out (see `health`).
@@ -540,9 +532,6 @@ impl Cluster {
                         scripts: self.scripts.clone(),
                         secrets: self.secrets.clone(),
                         slot,
-                        address: address
-                            .rsplit_once(':')
-                            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?))),
                         health: Arc::new(Health::new()),
                         timeout: self.options.timeout,
                     };

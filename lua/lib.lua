@@ -48,12 +48,20 @@ end
 -- Buckets that a batch decides more than once (a hot key) are read and written through a
 -- cache that lives for one call: one HMGET, then one HSET and one PEXPIREAT at the end,
 -- instead of a round of commands per item. Nothing else runs inside a script, so the result
--- is the same as sending every command in order. Other buckets go straight to Redis: a cache
--- costs more than it saves for a bucket touched once. lua/batch.lua fills `repeated`; every
--- entry point ends with flush(), and each call of the function library starts empty.
-local cache, touched, repeated = {}, {}, {}
+-- is the same as sending every command in order (Redis replicates a script's effects, so
+-- the order in which flush() writes the buckets does not matter). Other buckets go straight
+-- to Redis: a cache costs more than it saves for a bucket touched once. lua/batch.lua fills
+-- `repeated`; every entry point ends with flush(), and each call of the function library
+-- starts with forget().
+local cache, repeated = {}, {}
 
--- HMGET key fields...: false for a missing field, as Redis answers it.
+-- Empties the cache and the set of repeated buckets.
+local function forget()
+  cache, repeated = {}, {}
+end
+
+-- HMGET key fields...: false for a missing field, as Redis answers it. A bucket is read
+-- by one algorithm, always for the same fields, so the first read fetches all it needs.
 local function hmget(key, ...)
   if not repeated[key] then
     return redis.call('HMGET', key, ...)
@@ -70,47 +78,20 @@ local function hmget(key, ...)
     cache[key] = entry
     return values
   end
-  local out, missing = {}, {}
+  local out = {}
   for i = 1, #names do
     out[i] = entry.fields[names[i]]
-    if out[i] == nil then
-      missing[#missing + 1] = i
-    end
-  end
-  if #missing > 0 then
-    local fetch = {}
-    for j = 1, #missing do
-      fetch[j] = names[missing[j]]
-    end
-    local values = redis.call('HMGET', key, unpack(fetch))
-    for j = 1, #missing do
-      out[missing[j]] = values[j]
-      entry.fields[fetch[j]] = values[j]
-    end
   end
   return out
 end
 
-local function entry_of(key)
-  local entry = cache[key]
-  if not entry then
-    entry = {fields = {}, changed = {}}
-    cache[key] = entry
-  end
-  if not entry.touched then
-    entry.touched = true
-    touched[#touched + 1] = key
-  end
-  return entry
-end
-
--- HSET key field value [field value ...], held until flush().
+-- HSET key field value [field value ...], held until flush(); the bucket was read first.
 local function hset(key, ...)
   if not repeated[key] then
     redis.call('HSET', key, ...)
     return
   end
-  local entry = entry_of(key)
+  local entry = cache[key]
   local words = {...}
   for i = 1, #words, 2 do
     local name = words[i]
@@ -128,14 +109,13 @@ local function pexpireat(key, at)
     redis.call('PEXPIREAT', key, at)
     return
   end
-  entry_of(key).expires = at
+  cache[key].expires = at
 end
 
--- Writes every changed bucket (one HSET of its changed fields, then its expiry), in the
--- order they were first written, and empties the cache.
+-- Writes every changed bucket (one HSET of its changed fields, then its expiry) and
+-- empties the cache.
 local function flush()
-  for _, key in ipairs(touched) do
-    local entry = cache[key]
+  for key, entry in pairs(cache) do
     if #entry.changed > 0 then
       local words = {}
       for _, name in ipairs(entry.changed) do
@@ -148,5 +128,5 @@ local function flush()
       redis.call('PEXPIREAT', key, entry.expires)
     end
   end
-  cache, touched, repeated = {}, {}, {}
+  forget()
 end

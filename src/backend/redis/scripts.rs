@@ -233,7 +233,7 @@ impl Library {
     /// `PINNED_CLOCK`).
     fn new(clock_line: &str) -> Library {
         let body = format!(
-            "{LIBRARY_HEAD}local function tick(ARGV)\n{clock_line}{}cache, touched, repeated = {{}}, {{}}, {{}}\nend\n",
+            "{LIBRARY_HEAD}local function tick(ARGV)\n{clock_line}{}forget()\nend\n",
             now!()
         );
         // Registered under `NAME_<function>`, NAME replaced by the library's name once the

@@ -155,8 +155,6 @@ impl Call {
 #[derive(Debug, Default)]
 pub(crate) struct BatchCall {
     groups: Vec<GroupWords>,
-    /// Items in all groups.
-    items: usize,
     /// Worst-case work in Redis: one per item, plus the log entries a sliding-log denial
     /// may read (`sliding_log::wait_reads`).
     work: u64,
@@ -191,7 +189,8 @@ impl BatchCall {
             u64::from(prior.quota_total),
             u64::from(prior.quota_over),
         ];
-        let items = group.items.iter().map(|item| {
+        let mut items = Vec::with_capacity(group.items.len());
+        for item in &group.items {
             let (charge, policy) = (&item.charge, &item.charge.policy);
             self.work += 1;
             if policy.algorithm == Algorithm::SlidingLog {
@@ -199,7 +198,7 @@ impl BatchCall {
                 self.work += sliding_log::wait_reads(limit, charge.cost);
             }
             let [w, l, b, consume, lockout] = policy_args(policy);
-            ItemWords {
+            items.push(ItemWords {
                 key: charge.bucket.redis_key(prefix),
                 policy: [
                     batch_index(policy.algorithm) as u64,
@@ -212,10 +211,8 @@ impl BatchCall {
                     lockout,
                 ],
                 cost: charge.cost,
-            }
-        });
-        let items: Vec<ItemWords> = items.collect();
-        self.items += items.len();
+            });
+        }
         self.groups.push(GroupWords {
             prior: (head != [0; 4]).then_some(head),
             items,
@@ -229,7 +226,7 @@ impl BatchCall {
 
     /// Items in the call.
     pub(crate) fn len(&self) -> usize {
-        self.items
+        self.groups.iter().map(|group| group.items.len()).sum()
     }
 
     /// One command deciding every group of `calls`, in order: `EVALSHA sha numkeys keys...

@@ -21,10 +21,11 @@ then per group:
     qover    of those, how many denied
   then per item, 2 values: its policy (1..P) and n, its cost
 
-Reply: now_ms (the one clock reading of the call), then 3 integers per item, in item order:
-  {state, remaining, reset_ms}, state = allowed + 2 booked + 4 rolled_back (each 0|1),
-or, for every item of a group whose charge failed (a key overwritten with another type
-answers WRONGTYPE, say): {-1, 0, 0}. Errors are per group: the failing call is caught
+Reply: one string of 8-byte little-endian signed integers (struct.pack): now_ms (the one
+clock reading of the call), then 3 per item, in item order: {state, remaining, reset_ms},
+state = allowed + 2 booked + 4 rolled_back (each 0|1), or, for every item of a group whose
+charge failed (a key overwritten with another type answers WRONGTYPE, say): {-1, 0, 0}. One
+string rather than an array of integers: the client reads it with no per-integer parsing. Errors are per group: the failing call is caught
 (pcall), the group's bookings made so far are undone here, and the other groups of the
 batch are decided as if it were not there.
 
@@ -144,4 +145,4 @@ for _ = 1, tonumber(ARGV[1]) do
   end
 end
 flush()
-return out
+return struct.pack('<' .. string.rep('i8', #out), unpack(out))

@@ -308,15 +308,17 @@ impl PolicyTable {
     }
 }
 
-/// The outcome of every item of a batch reply (see lua/batch.lua: the call's `now_ms`, then
-/// `state remaining reset_ms` per item), `items` items; `None` for the items of a group whose
-/// charge failed in the script (its own request fails, the others stand).
+/// The outcome of every item of a batch reply (see lua/batch.lua: one string of 8-byte
+/// little-endian integers, the call's `now_ms`, then `state remaining reset_ms` per item),
+/// `items` items; `None` for the items of a group whose charge failed in the script (its own
+/// request fails, the others stand).
 pub(crate) fn batch_outcomes(
     value: Value,
     items: usize,
 ) -> Result<Vec<Option<Outcome>>, BackendError> {
-    let values = match value {
-        Value::Array(values) if values.len() == 1 + items * 3 => values,
+    const WORD: usize = size_of::<i64>();
+    let bytes = match value {
+        Value::BulkString(bytes) if bytes.len() == (1 + items * 3) * WORD => bytes,
         Value::ServerError(e) => return Err(errors::server_error(&RedisError::from(e))),
         other => {
             return Err(BackendError::failed(format!(
@@ -324,11 +326,14 @@ pub(crate) fn batch_outcomes(
             )));
         }
     };
-    let mut values = values.into_iter();
-    let [now_ms] = integers_of::<1>(values.by_ref())?;
+    let mut words = bytes
+        .chunks_exact(WORD)
+        .map(|word| i64::from_le_bytes(word.try_into().expect("chunks of one word")));
+    let mut next = || words.next().expect("the length was checked");
+    let now_ms = next();
     (0..items)
         .map(|_| {
-            let [state, remaining, reset_ms] = integers_of::<3>(values.by_ref())?;
+            let (state, remaining, reset_ms) = (next(), next(), next());
             match state {
                 -1 => Ok(None),
                 0..=7 => {
@@ -577,9 +582,13 @@ mod tests {
         assert!(refunded(ints(&[1, 5])).is_ok());
         assert!(refunded(Value::Nil).is_err());
 
-        // A batch: now_ms, then state (allowed + 2 booked + 4 rolled back) remaining reset.
+        // A batch: one string of little-endian words, now_ms, then state (allowed + 2 booked
+        // + 4 rolled back) remaining reset.
+        let words = |v: &[i64]| {
+            Value::BulkString(v.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>())
+        };
         let now = 1_700_000_000_000;
-        let batch = batch_outcomes(ints(&[now, 5, 4, 500, -1, 0, 0, 0, 0, 9]), 3).unwrap();
+        let batch = batch_outcomes(words(&[now, 5, 4, 500, -1, 0, 0, 0, 0, 9]), 3).unwrap();
         let first = batch[0].unwrap();
         assert!(first.allowed && !first.booked && first.rolled_back);
         assert_eq!(
@@ -589,8 +598,18 @@ mod tests {
         assert!(batch[1].is_none());
         let third = batch[2].unwrap();
         assert!(!third.allowed && !third.booked && !third.rolled_back);
-        assert!(batch_outcomes(ints(&[now, 8, 0, 0]), 1).is_err());
-        assert!(batch_outcomes(ints(&[now, 1, 0, 0]), 2).is_err());
+        assert!(batch_outcomes(words(&[now, 8, 0, 0]), 1).is_err());
+        assert!(batch_outcomes(words(&[now, 1, 0, 0]), 2).is_err());
+        assert!(batch_outcomes(words(&[now, 1, -1, 0]), 1).is_err());
+        assert!(
+            batch_outcomes(ints(&[now, 1, 0, 0]), 1).is_err(),
+            "integers are not the batch's reply"
+        );
+        let mut torn = words(&[now, 1, 0, 0]);
+        if let Value::BulkString(bytes) = &mut torn {
+            bytes.pop();
+        }
+        assert!(batch_outcomes(torn, 1).is_err());
     }
 
     #[test]

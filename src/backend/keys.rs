@@ -64,13 +64,19 @@ impl BucketKey {
     /// The whole hash is the Redis Cluster hash tag, so one bucket is one slot and distinct
     /// buckets spread evenly over the slots.
     pub fn redis_key(&self, prefix: &str) -> String {
-        // One allocation of the final size: every charge sent to Redis builds its key.
+        // One allocation of the final size.
         let mut key = String::with_capacity(prefix.len() + REDIS_KEY_OVERHEAD);
-        key.push_str(prefix);
-        key.push_str(":{");
-        URL_SAFE_NO_PAD.encode_string(self.0, &mut key);
-        key.push('}');
+        self.write_redis_key(prefix, &mut key);
         key
+    }
+
+    /// Appends [`BucketKey::redis_key`] to `out`: a batch writes every key through one
+    /// buffer.
+    pub fn write_redis_key(&self, prefix: &str, out: &mut String) {
+        out.push_str(prefix);
+        out.push_str(":{");
+        URL_SAFE_NO_PAD.encode_string(self.0, out);
+        out.push('}');
     }
 }
 

@@ -19,16 +19,16 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::calls::BatchCall;
+use super::calls::GroupWords;
 use crate::backend::{BackendError, Outcome};
 
-/// Where a lane's calls go: runs one batch call deciding every group of `calls`, in order,
+/// Where a lane's calls go: runs one batch call deciding every one of `groups`, in order,
 /// until `deadline`, and returns every item's outcome (`None` for the items of a group that
 /// failed inside the script).
 pub(super) trait Runner: Send + Sync + 'static {
     fn run_batch(
         &self,
-        calls: &[&BatchCall],
+        groups: &[&GroupWords],
         deadline: Instant,
     ) -> impl Future<Output = Result<Vec<Option<Outcome>>, BackendError>> + Send;
 }
@@ -58,20 +58,20 @@ impl Lane {
         self.backlog.wait(items)
     }
 
-    /// Queues `call` (one request's group) for the next batch call, unless the queue could
-    /// not send it before `deadline` (`Overloaded`, nothing booked).
-    pub(super) async fn decide(&self, call: BatchCall, deadline: Instant) -> Reply {
-        if !self.backlog.in_time(call.len(), deadline) {
+    /// Queues `group` (one request's) for the next batch call, unless the queue could not
+    /// send it before `deadline` (`Overloaded`, nothing booked).
+    pub(super) async fn decide(&self, group: GroupWords, deadline: Instant) -> Reply {
+        if !self.backlog.in_time(group.len(), deadline) {
             return Err(BackendError::Overloaded);
         }
         let (reply, outcomes) = oneshot::channel();
-        let items = call.len();
+        let items = group.len();
         let stopped = || BackendError::Unavailable("the Redis batcher stopped".into());
         self.backlog.queued(items);
         if self
             .queue
             .send(Job {
-                call,
+                group,
                 deadline,
                 reply,
             })
@@ -99,7 +99,7 @@ pub(super) const CALLS_IN_FLIGHT_ALONE: usize = 2;
 pub(super) const CALLS_IN_FLIGHT_PER_MASTER: usize = 1;
 /// Most items in one call: bounds how long one script keeps Redis busy.
 const MAX_ITEMS: usize = 256;
-/// Most work in one call (`BatchCall::work`: one per item plus the sliding-log entries a
+/// Most work in one call (`GroupWords::work`: one per item plus the sliding-log entries a
 /// denial may read), so that items are not the only measure: a request that may read
 /// thousands of log entries goes in a call of its own (a call always takes its first
 /// request), and the light requests queued beside it are not made to wait for its reads
@@ -222,7 +222,7 @@ impl Backlog {
 /// One request waiting for its call.
 struct Job {
     /// The request's group, encoded.
-    call: BatchCall,
+    group: GroupWords,
     /// When its caller stops waiting.
     deadline: Instant,
     /// Where its outcomes go.
@@ -257,15 +257,15 @@ async fn run(
                 },
             },
         };
-        let (mut items, mut work) = (first.call.len(), first.call.work());
+        let (mut items, mut work) = (first.group.len(), first.group.work());
         let mut batch = vec![first];
         while let Ok(job) = jobs.try_recv() {
-            if items + job.call.len() > MAX_ITEMS || work + job.call.work() > MAX_WORK {
+            if items + job.group.len() > MAX_ITEMS || work + job.group.work() > MAX_WORK {
                 held = Some(job);
                 break;
             }
-            items += job.call.len();
-            work += job.call.work();
+            items += job.group.len();
+            work += job.group.work();
             batch.push(job);
         }
         backlog.taken(items);
@@ -287,9 +287,9 @@ async fn send(node: &impl Runner, backlog: &Backlog, jobs: Vec<Job>) {
     let Some(deadline) = live.iter().map(|job| job.deadline).max() else {
         return;
     };
-    let calls: Vec<&BatchCall> = live.iter().map(|job| &job.call).collect();
-    let items = calls.iter().map(|call| call.len()).sum();
-    let result = node.run_batch(&calls, deadline).await;
+    let groups: Vec<&GroupWords> = live.iter().map(|job| &job.group).collect();
+    let items = groups.iter().map(|group| group.len()).sum();
+    let result = node.run_batch(&groups, deadline).await;
     if result.is_ok() {
         backlog.drained(items, now.elapsed());
     }
@@ -298,9 +298,17 @@ async fn send(node: &impl Runner, backlog: &Backlog, jobs: Vec<Job>) {
             let mut outcomes = outcomes.into_iter();
             for job in live {
                 // A job whose charge failed in the script fails alone (nothing of it stands).
-                // Taken whole first: collecting into an Option would stop at the first None.
-                let mine: Vec<Option<Outcome>> = outcomes.by_ref().take(job.call.len()).collect();
-                let _ = job.reply.send(Ok(mine.into_iter().collect()));
+                // Every one of its outcomes is taken, failed or not, so that the next job
+                // starts at its own.
+                let mut mine = Vec::with_capacity(job.group.len());
+                let mut failed = false;
+                for outcome in outcomes.by_ref().take(job.group.len()) {
+                    match outcome {
+                        Some(outcome) => mine.push(outcome),
+                        None => failed = true,
+                    }
+                }
+                let _ = job.reply.send(Ok((!failed).then_some(mine)));
             }
         }
         Err(error) => {

@@ -9,7 +9,7 @@ use redis::{Cmd, RedisError, RedisWrite, ToRedisArgs, Value};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via, batch_index};
 use crate::algorithm::sliding_log;
-use crate::backend::{BackendError, Charge, Group, Outcome, Refund};
+use crate::backend::{BackendError, BucketKey, Charge, Group, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
 /// What an algorithm script call does (ARGV[1], and ARGV[8..=9] of a refund).
@@ -151,26 +151,22 @@ impl Call {
     }
 }
 
-/// One batch script call: the groups of several requests, each decided all-or-nothing.
-#[derive(Debug, Default)]
-pub(crate) struct BatchCall {
-    groups: Vec<GroupWords>,
+/// One request's group as the batch script reads it (lua/batch.lua). A batch call sends the
+/// groups of several requests ([`GroupWords::command`]), each decided all-or-nothing.
+#[derive(Debug)]
+pub(crate) struct GroupWords {
+    /// `admit over qtotal qover`, when any is set (most requests send none).
+    prior: Option<[u64; 4]>,
+    items: Vec<ItemWords>,
     /// Worst-case work in Redis: one per item, plus the log entries a sliding-log denial
     /// may read (`sliding_log::wait_reads`).
     work: u64,
 }
 
-/// One request's group as the batch script reads it (lua/batch.lua).
-#[derive(Debug)]
-struct GroupWords {
-    /// `admit over qtotal qover`, when any is set (most requests send none).
-    prior: Option<[u64; 4]>,
-    items: Vec<ItemWords>,
-}
-
 #[derive(Debug)]
 struct ItemWords {
-    key: String,
+    /// Its key is written into the command (`append`), not kept as a string.
+    bucket: BucketKey,
     policy: PolicyWords,
     cost: u64,
 }
@@ -179,9 +175,9 @@ struct ItemWords {
 /// lockout`. Items of one rule share it, so a batch sends it once.
 type PolicyWords = [u64; 8];
 
-impl BatchCall {
-    /// Adds one request's group; its items' keys carry `prefix`.
-    pub(crate) fn push(&mut self, group: &Group, prefix: &str) {
+impl GroupWords {
+    /// The words of `group`.
+    pub(crate) fn new(group: &Group) -> GroupWords {
         let prior = &group.prior;
         let head = [
             u64::from(group.admit),
@@ -189,80 +185,98 @@ impl BatchCall {
             u64::from(prior.quota_total),
             u64::from(prior.quota_over),
         ];
-        let mut items = Vec::with_capacity(group.items.len());
-        for item in &group.items {
-            let (charge, policy) = (&item.charge, &item.charge.policy);
-            self.work += 1;
-            if policy.algorithm == Algorithm::SlidingLog {
-                let limit = u64::from(policy.requests_per_unit);
-                self.work += sliding_log::wait_reads(limit, charge.cost);
-            }
-            let [w, l, b, consume, lockout] = policy_args(policy);
-            items.push(ItemWords {
-                key: charge.bucket.redis_key(prefix),
-                policy: [
-                    batch_index(policy.algorithm) as u64,
-                    u64::from(item.weight.quota),
-                    u64::from(item.weight.shadow),
-                    w,
-                    l,
-                    b,
-                    consume,
-                    lockout,
-                ],
-                cost: charge.cost,
-            });
-        }
-        self.groups.push(GroupWords {
+        let mut work = 0;
+        let items = group
+            .items
+            .iter()
+            .map(|item| {
+                let (charge, policy) = (&item.charge, &item.charge.policy);
+                work += 1;
+                if policy.algorithm == Algorithm::SlidingLog {
+                    let limit = u64::from(policy.requests_per_unit);
+                    work += sliding_log::wait_reads(limit, charge.cost);
+                }
+                let [w, l, b, consume, lockout] = policy_args(policy);
+                ItemWords {
+                    bucket: charge.bucket,
+                    policy: [
+                        batch_index(policy.algorithm) as u64,
+                        u64::from(item.weight.quota),
+                        u64::from(item.weight.shadow),
+                        w,
+                        l,
+                        b,
+                        consume,
+                        lockout,
+                    ],
+                    cost: charge.cost,
+                }
+            })
+            .collect();
+        GroupWords {
             prior: (head != [0; 4]).then_some(head),
             items,
-        });
+            work,
+        }
     }
 
-    /// Worst-case work in Redis, in items and log entries read (see `push`).
+    /// Worst-case work in Redis, in items and log entries read (see `work`).
     pub(crate) fn work(&self) -> u64 {
         self.work
     }
 
-    /// Items in the call.
+    /// Items in the group.
     pub(crate) fn len(&self) -> usize {
-        self.groups.iter().map(|group| group.items.len()).sum()
+        self.items.len()
     }
 
-    /// One command deciding every group of `calls`, in order: `EVALSHA sha numkeys keys...
-    /// G P policies... groups...` (or `EVAL` with the source, or `FCALL` of the batch
-    /// function). Arguments are written straight into the command buffer.
-    pub(crate) fn command(calls: &[&BatchCall], scripts: &ScriptSet, via: Via) -> Cmd {
+    /// One command deciding every one of `groups`, in order, on keys under `prefix`:
+    /// `EVALSHA sha numkeys keys... G P policies... groups...` (or `EVAL` with the source,
+    /// or `FCALL` of the batch function). Arguments are written straight into the command
+    /// buffer.
+    pub(crate) fn command(
+        groups: &[&GroupWords],
+        prefix: &str,
+        scripts: &ScriptSet,
+        via: Via,
+    ) -> Cmd {
         let mut cmd = scripts.batch_head(via);
-        BatchCall::append(&mut cmd, calls, scripts);
+        GroupWords::append(&mut cmd, groups, prefix, scripts);
         cmd
     }
 
-    /// The Redis Cluster form of [`BatchCall::command`]: `FCALL <library>_batch_slots 0
+    /// The Redis Cluster form of [`GroupWords::command`]: `FCALL <library>_batch_slots 0
     /// nkeys keys... G P policies... groups...`, the keys in ARGV so that they may lie in
     /// several slots of the node that runs it.
-    pub(crate) fn command_across_slots(calls: &[&BatchCall], scripts: &ScriptSet) -> Cmd {
+    pub(crate) fn command_across_slots(
+        groups: &[&GroupWords],
+        prefix: &str,
+        scripts: &ScriptSet,
+    ) -> Cmd {
         let mut cmd = scripts.batch_slots_head();
-        BatchCall::append(&mut cmd, calls, scripts);
+        GroupWords::append(&mut cmd, groups, prefix, scripts);
         cmd
     }
 
     /// `nkeys keys... G P policies... groups... [pinned time]`.
-    fn append(cmd: &mut Cmd, calls: &[&BatchCall], scripts: &ScriptSet) {
-        let groups = || calls.iter().flat_map(|call| &call.groups);
-        let items = || groups().flat_map(|group| &group.items);
-        cmd.arg(calls.iter().map(|call| call.len()).sum::<usize>());
+    fn append(cmd: &mut Cmd, groups: &[&GroupWords], prefix: &str, scripts: &ScriptSet) {
+        let items = || groups.iter().flat_map(|group| &group.items);
+        cmd.arg(groups.iter().map(|group| group.len()).sum::<usize>());
+        // One buffer for every key: a key costs no allocation of its own.
+        let mut key = String::new();
         for item in items() {
-            cmd.arg(&item.key);
+            key.clear();
+            item.bucket.write_redis_key(prefix, &mut key);
+            cmd.arg(key.as_bytes());
         }
         let mut table = PolicyTable::default();
         let numbers: Vec<u64> = items().map(|item| table.number(item.policy)).collect();
-        cmd.arg(groups().count()).arg(table.list.len());
+        cmd.arg(groups.len()).arg(table.list.len());
         for words in &table.list {
             cmd.arg(&words[..]);
         }
         let mut numbers = numbers.into_iter();
-        for group in groups() {
+        for group in groups {
             let m = group.items.len();
             match group.prior {
                 Some(prior) => cmd.arg(-(m as i64)).arg(&prior[..]),
@@ -470,7 +484,7 @@ mod tests {
         let pinned_words = words(&call.command(&pinned, Via::Source));
         assert_eq!(pinned_words.len(), on_time.len() + 1);
         assert_eq!(pinned_words.last().unwrap(), "4102444812350");
-        let batch = BatchCall::command(&[], &pinned, Via::Sha);
+        let batch = GroupWords::command(&[], "fg", &pinned, Via::Sha);
         assert_eq!(words(&batch).last().unwrap(), "4102444812350");
     }
 
@@ -487,7 +501,7 @@ mod tests {
     #[test]
     fn the_batch_function_is_called_by_its_library_name() {
         let set = ScriptSet::new();
-        let batch = BatchCall::command(&[], &set, Via::Function);
+        let batch = GroupWords::command(&[], "fg", &set, Via::Function);
         let name = set.library_name();
         assert_eq!(words(&batch)[..3], ["FCALL", &format!("{name}_batch"), "0"]);
         let policy = Policy::fixed_window(5, Unit::Minute);
@@ -496,9 +510,8 @@ mod tests {
             policy,
             cost: 1,
         };
-        let mut call = BatchCall::default();
-        call.push(&Group::independent(std::slice::from_ref(&charge)), "fg");
-        let across = words(&BatchCall::command_across_slots(&[&call], &set));
+        let group = GroupWords::new(&Group::independent(std::slice::from_ref(&charge)));
+        let across = words(&GroupWords::command_across_slots(&[&group], "fg", &set));
         let key = charge.bucket.redis_key("fg");
         let function = format!("{name}_batch_slots");
         assert_eq!(across[..6], ["FCALL", &function, "0", "1", &key, "1"]);
@@ -516,17 +529,20 @@ mod tests {
             charge: charge(value, cost),
             weight: crate::backend::Weight { quota, shadow },
         };
-        let mut first = BatchCall::default();
         let mut group = Group {
             items: vec![item("a", 2, true, false), item("b", 0, false, true)],
             ..Group::default()
         };
         group.prior.over = true;
-        first.push(&group, "fg");
-        let mut second = BatchCall::default();
-        second.push(&Group::independent(&[charge("c", 1)]), "fg");
+        let first = GroupWords::new(&group);
+        let second = GroupWords::new(&Group::independent(&[charge("c", 1)]));
         let set = ScriptSet::new();
-        let words = words(&BatchCall::command(&[&first, &second], &set, Via::Sha));
+        let words = words(&GroupWords::command(
+            &[&first, &second],
+            "fg",
+            &set,
+            Via::Sha,
+        ));
         let key = |value| charge(value, 0).bucket.redis_key("fg");
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let sha = set.batch().get_hash().to_owned();
@@ -557,17 +573,14 @@ mod tests {
             policy,
             cost,
         };
-        let mut call = BatchCall::default();
-        call.push(&Group::independent(&[charge(fixed, 9_000)]), "fg");
-        assert_eq!(call.work(), 1);
-        call.push(&Group::independent(&[charge(log, 10_000)]), "fg");
+        let work = |charges: &[Charge]| GroupWords::new(&Group::independent(charges)).work();
+        assert_eq!(work(&[charge(fixed, 9_000)]), 1);
         assert_eq!(
-            call.work(),
-            1 + 2,
+            work(&[charge(log, 10_000)]),
+            2,
             "a cost of L reads the newest entry only"
         );
-        call.push(&Group::independent(&[charge(log, 5_000)]), "fg");
-        assert_eq!(call.work(), 3 + 5_001);
+        assert_eq!(work(&[charge(fixed, 1), charge(log, 5_000)]), 1 + 5_001);
     }
 
     #[test]

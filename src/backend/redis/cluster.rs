@@ -44,7 +44,7 @@ use redis::cluster_routing::{
 use tokio::time::{Instant, timeout_at};
 
 use super::batch::{self, Lane, Runner};
-use super::calls::{self, BatchCall, Call};
+use super::calls::{self, Call, GroupWords};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
@@ -106,6 +106,8 @@ struct NodeLink {
     health: Arc<Health>,
     /// The backend timeout, which also bounds a probe.
     timeout: Duration,
+    /// Prefix of every bucket's key (`RedisOptions::key_prefix`).
+    key_prefix: String,
 }
 
 impl NodeLink {
@@ -131,11 +133,11 @@ impl NodeLink {
         });
     }
 
-    /// One `FCALL` for `calls`; after `Function not found` the library is loaded on the same
+    /// One `FCALL` for `groups`; after `Function not found` the library is loaded on the same
     /// node and the call goes again (the first one did not run).
     async fn send(
         &self,
-        calls: &[&BatchCall],
+        groups: &[&GroupWords],
         deadline: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
         let route = || self.route();
@@ -149,7 +151,7 @@ impl NodeLink {
                     return Err(self.secrets.scrub(errors::classify(&e)));
                 }
             }
-            let cmd = BatchCall::command_across_slots(calls, &self.scripts);
+            let cmd = GroupWords::command_across_slots(groups, &self.key_prefix, &self.scripts);
             reply = match timeout_at(deadline, conn.route_command(cmd, route())).await {
                 Ok(Ok(value)) => value,
                 Ok(Err(e)) if errors::is_missing_error(&e) && !retry => continue,
@@ -160,7 +162,7 @@ impl NodeLink {
                 break;
             }
         }
-        let items = calls.iter().map(|call| call.len()).sum();
+        let items = groups.iter().map(|group| group.len()).sum();
         calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
     }
 }
@@ -170,7 +172,7 @@ impl Runner for NodeLink {
     /// notes whether it answered.
     async fn run_batch(
         &self,
-        calls: &[&BatchCall],
+        groups: &[&GroupWords],
         deadline: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
         if !self.health.admits(Instant::now()) {
@@ -180,7 +182,7 @@ impl Runner for NodeLink {
                     .into(),
             ));
         }
-        let result = self.send(calls, deadline).await;
+        let result = self.send(groups, deadline).await;
         match &result {
             Err(BackendError::Timeout | BackendError::Unavailable(_)) => {
                 self.health.unanswered(Instant::now());
@@ -417,11 +419,13 @@ impl Cluster {
     ) -> Vec<Result<Outcome, BackendError>> {
         let topology = Arc::clone(&self.topology.read());
         let prefix = &self.options.key_prefix;
+        let mut key = String::new();
         let owners: Option<Vec<usize>> = group
             .items
             .iter()
             .map(|item| {
-                let key = item.charge.bucket.redis_key(prefix);
+                key.clear();
+                item.charge.bucket.write_redis_key(prefix, &mut key);
                 topology.slots.owner(slot_of(key.as_bytes()))
             })
             .collect();
@@ -439,17 +443,15 @@ impl Cluster {
         }
         let whole = parts.len() == 1;
         let replies = join_all(parts.iter().map(|(node, indexes)| {
-            let mut call = BatchCall::default();
-            if whole {
-                call.push(group, prefix);
+            let words = if whole {
+                GroupWords::new(group)
             } else {
-                let part = Group {
+                GroupWords::new(&Group {
                     items: indexes.iter().map(|&i| group.items[i].clone()).collect(),
                     ..Group::independent(&[])
-                };
-                call.push(&part, prefix);
-            }
-            topology.lanes[*node].1.decide(call, deadline)
+                })
+            };
+            topology.lanes[*node].1.decide(words, deadline)
         }))
         .await;
         let mut results: Vec<Option<Result<Outcome, BackendError>>> = vec![None; owners.len()];
@@ -534,6 +536,7 @@ impl Cluster {
                         slot,
                         health: Arc::new(Health::new()),
                         timeout: self.options.timeout,
+                        key_prefix: self.options.key_prefix.clone(),
                     };
                     (
                         slot,

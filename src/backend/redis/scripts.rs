@@ -298,7 +298,7 @@ impl ScriptSet {
 
     /// For tests: the same scripts on a clock that only moves when the test moves it. Each
     /// script's first line (`clock!()`) reads the last ARGV word instead of `TIME`, and every
-    /// call built from this set (`Call`, `BatchCall`, [`ScriptSet::pinned_now`]) appends
+    /// call built from this set (`Call`, `GroupWords`, [`ScriptSet::pinned_now`]) appends
     /// `clock`'s time there, so Redis decides at exactly the instant the Rust algorithms and
     /// the memory backend are given. The rest of each script is the production text.
     #[doc(hidden)]

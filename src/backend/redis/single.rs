@@ -26,7 +26,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::RedisOptions;
 use super::batch::{self, Lane, Runner};
-use super::calls::{self, BatchCall, Call};
+use super::calls::{self, Call, GroupWords};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via};
 use super::sentinel::{Master, SentinelSettings};
@@ -481,7 +481,7 @@ impl Runner for Node {
     /// library's load in the same round trip: the first call did not run.
     async fn run_batch(
         &self,
-        calls: &[&BatchCall],
+        groups: &[&GroupWords],
         deadline: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
         let mut conn = self.borrow(deadline).await?;
@@ -498,7 +498,8 @@ impl Runner for Node {
             if let Some(load) = load {
                 pipe.add_command(load);
             }
-            pipe.add_command(BatchCall::command(calls, &self.scripts, via));
+            let prefix = &self.options.key_prefix;
+            pipe.add_command(GroupWords::command(groups, prefix, &self.scripts, via));
             let mut values = conn
                 .query(&pipe, deadline)
                 .await
@@ -508,7 +509,7 @@ impl Runner for Node {
                 break;
             }
         }
-        let items = calls.iter().map(|call| call.len()).sum();
+        let items = groups.iter().map(|group| group.len()).sum();
         calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
     }
 }
@@ -524,9 +525,8 @@ impl Backend for RedisBackend {
         let deadline = group
             .deadline
             .map_or(deadline, |caller| caller.min(deadline));
-        let mut call = BatchCall::default();
-        call.push(group, &self.node.options.key_prefix);
-        self.lane.decide(call, deadline).await?.ok_or_else(|| {
+        let group = GroupWords::new(group);
+        self.lane.decide(group, deadline).await?.ok_or_else(|| {
             BackendError::failed(
                 "a charge of this request failed in Redis (a key of another type?)",
             )

@@ -337,9 +337,9 @@ mod tests {
         }
         backlog.drained(200, Duration::from_millis(2));
         assert_eq!(backlog.item_ns.load(Ordering::Relaxed), 5_000);
-        let soon = Instant::now() + Duration::from_millis(10);
-        // 100,000 items ahead take 500 ms: refused; once they are sent, admitted when their
-        // wait leaves as much time again.
+        let soon = Instant::now() + Duration::from_millis(20);
+        // 100,000 items ahead take 500 ms: refused; once they are sent, admitted when the
+        // deadline leaves `ROOM_PER_WAIT` (4) times their wait.
         assert!(!backlog.in_time(1, soon));
         backlog.taken(99_000);
         assert!(!backlog.in_time(1, soon), "1,001 items take just over 5 ms");

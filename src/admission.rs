@@ -178,8 +178,8 @@ impl Admission {
         }
     }
 
-    /// Also sheds, before matching, a call whose wait in the backend's queue (at most its
-    /// `units` charges) would not leave as much time again before its deadline: the backend
+    /// Also sheds, before matching, a call whose deadline is nearer than `ROOM_PER_WAIT`
+    /// times its wait in the backend's queue (at most its `units` charges): the backend
     /// would refuse it anyway after the match, and under a flood of wide requests the
     /// matching alone took the CPU the served calls needed.
     pub fn with_queue_wait(mut self, queue_wait: QueueWait) -> Admission {
@@ -230,7 +230,7 @@ impl Admission {
         })
     }
 
-    /// Whether the backend's queue would send `units` charges with as much time again left
+    /// Whether the backend's queue would send `units` charges with enough room left
     /// before `deadline` (as the batcher itself decides).
     fn queue_in_time(&self, units: u64, now: Instant, deadline: Instant) -> bool {
         self.queue_wait.as_ref().is_none_or(|queue_wait| {

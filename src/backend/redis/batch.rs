@@ -6,9 +6,9 @@
 //! them. No timer ever holds a request back.
 //!
 //! Under overload the queue is where a request waits, so `Backlog` estimates that wait from
-//! the items queued and the drain rate of recent full calls, and a request whose wait would
-//! leave less than that wait again before its deadline is refused before it queues
-//! (`BackendError::Overloaded`).
+//! the items queued and the drain rate of recent full calls, and a request whose deadline is
+//! nearer than `ROOM_PER_WAIT` times that wait is refused before it queues
+//! (`BackendError::Overloaded`, see `backend::queue_leaves_room`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -92,7 +92,16 @@ struct Cluster {
 #[derive(Default)]
 struct Topology {
     slots: SlotMap,
-    lanes: Vec<(u16, Arc<Lane>)>,
+    /// One per master, in the order of `slots.masters()`.
+    lanes: Vec<MasterLane>,
+}
+
+/// A master's batcher, the slot its calls are routed by, and whether it may get decisions.
+#[derive(Clone)]
+struct MasterLane {
+    slot: u16,
+    lane: Arc<Lane>,
+    health: Arc<Health>,
 }
 
 /// Sends a master's batch calls: `FCALL` of the cross-slot batch function, routed to the
@@ -451,7 +460,7 @@ impl Cluster {
                     ..Group::independent(&[])
                 })
             };
-            topology.lanes[*node].1.decide(words, deadline)
+            topology.lanes[*node].lane.decide(words, deadline)
         }))
         .await;
         let mut results: Vec<Option<Result<Outcome, BackendError>>> = vec![None; owners.len()];
@@ -524,27 +533,43 @@ impl Cluster {
                 .iter()
                 .position(|old_address| old_address == address)
                 .map(|old_index| &old.lanes[old_index])
-                .filter(|(slot, _)| slots.owner(*slot) == Some(index));
+                .filter(|master| slots.owner(master.slot) == Some(index));
             let lane = match kept {
                 Some(kept) => kept.clone(),
                 None => {
                     let slot = slots.first_slot(index);
+                    // Calls are routed by slot through the client's own map, which still
+                    // names the slot's old master until that master answers MOVED or fails
+                    // to connect. A replica that took over from a silent master would so send
+                    // its first calls to the frozen node, to be run if it woke before it
+                    // learned it was replaced: it starts quarantined too, and gets decisions
+                    // once a probe routed the same way is answered (see `health`).
+                    let replaces_silent = old
+                        .slots
+                        .owner(slot)
+                        .and_then(|old_index| old.lanes.get(old_index))
+                        .is_some_and(|old_master| old_master.health.is_quarantined());
+                    let health = Arc::new(if replaces_silent {
+                        Health::quarantined()
+                    } else {
+                        Health::new()
+                    });
                     let link = NodeLink {
                         conn: self.conn.clone(),
                         scripts: self.scripts.clone(),
                         secrets: self.secrets.clone(),
                         slot,
-                        health: Arc::new(Health::new()),
+                        health: Arc::clone(&health),
                         timeout: self.options.timeout,
                         key_prefix: self.options.key_prefix.clone(),
                     };
-                    (
+                    let link = Arc::new(link);
+                    let lane = Lane::start(link, batch::CALLS_IN_FLIGHT_PER_MASTER);
+                    MasterLane {
                         slot,
-                        Arc::new(Lane::start(
-                            Arc::new(link),
-                            batch::CALLS_IN_FLIGHT_PER_MASTER,
-                        )),
-                    )
+                        lane: Arc::new(lane),
+                        health,
+                    }
                 }
             };
             lanes.push(lane);
@@ -679,7 +704,7 @@ impl Backend for ClusterBackend {
             .read()
             .lanes
             .iter()
-            .map(|(_, lane)| lane.wait(items))
+            .map(|master| master.lane.wait(items))
             .min()
             .unwrap_or(Duration::ZERO)
     }

@@ -45,6 +45,8 @@ SCRIPT_CALLS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
 # The overload runs: Envoy's default deadline, and the concurrency where a node saturates.
 OVERLOAD_TIMEOUT = "20ms"
 SATURATING_IN_FLIGHT = 64
+# Runs of the closed-loop 32x overload row; the report gives their median.
+REPEATS_32X = 3
 OVERLOAD_BACKENDS = ["memory", "redis"]
 # Open-loop callers behave as Envoy does: at most its default circuit breaker's calls in
 # flight (`max_requests`), and a call due past it fails at once in the caller
@@ -281,7 +283,15 @@ def overload(binary, floodgate, harness, seconds, cpus):
         rows[-1]["offered_per_s"] = rate
     for factor in (8, 32):
         n = SATURATING_IN_FLIGHT * factor
-        rows.append(run(f"closed {n}", closed(n)))
+        if factor == 32:
+            # The 32x row settles in one of two states from its first moments (README,
+            # Overload): its median of a few runs, with every run's goodput shown.
+            runs = sorted((run(f"closed {n}", closed(n)) for _ in range(REPEATS_32X)),
+                          key=lambda r: r["goodput_per_s"])
+            rows.append(dict(runs[len(runs) // 2],
+                             goodput_runs=[r["goodput_per_s"] for r in runs]))
+        else:
+            rows.append(run(f"closed {n}", closed(n)))
     for n in (8, 64, 256):
         rows.append(run(f"closed {n} x 64 descriptors", closed(n, 64)))
     by = {r["load"]: r for r in rows}
@@ -310,6 +320,11 @@ def overload_table(rows, ratios):
                    f"| {r['other_errors_per_s']:,.0f} "
                    f"| {r['answered_p99_us']} | {r['shed_p99_us']} "
                    f"| {r['floodgate_cores']} | {r['generator_cores']} |")
+    for r in rows:
+        if "goodput_runs" in r:
+            runs = ", ".join(f"{g:,.0f}" for g in r["goodput_runs"])
+            out += ["", f"{r['load']}: the run of median goodput of {len(r['goodput_runs'])} "
+                        f"(goodput/s of each: {runs})."]
     out += ["", "| goodput ratio | value |", "|---|---:|"]
     out += [f"| {name} | {value} |" for name, value in ratios.items()]
     return "\n".join(out)

@@ -45,16 +45,9 @@ struct Tally {
 
 /// `FCALL`s a node has run or refused so far (`INFO commandstats`).
 fn fcalls(node: &common::redis::RedisServer) -> u64 {
-    let stats = node.cli(&["INFO", "commandstats"]);
-    let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_fcall:")) else {
-        return 0;
-    };
-    ["calls=", "rejected_calls=", "failed_calls="]
+    ["calls", "rejected_calls", "failed_calls"]
         .iter()
-        .filter_map(|field| {
-            let rest = &line[line.find(field)? + field.len()..];
-            rest.split(',').next()?.trim().parse::<u64>().ok()
-        })
+        .map(|counter| node.command_stat("fcall", counter))
         .sum()
 }
 

@@ -276,10 +276,18 @@ impl RedisServer {
     /// How often the server ran `command` (lower case, e.g. `fcall`), from `INFO
     /// commandstats`: which way a backend called its code.
     pub fn calls_of(&self, command: &str) -> u64 {
+        self.command_stat(command, "calls")
+    }
+
+    /// One counter of `command` in `INFO commandstats` (`calls`, `rejected_calls`,
+    /// `failed_calls`, ...); 0 when the server has not seen the command.
+    pub fn command_stat(&self, command: &str, counter: &str) -> u64 {
         self.info_field("commandstats", &format!("cmdstat_{command}"))
             .and_then(|stats| {
-                let calls = stats.strip_prefix("calls=")?.split(',').next()?;
-                calls.parse().ok()
+                stats.split(',').find_map(|pair| {
+                    let (name, value) = pair.split_once('=')?;
+                    (name == counter).then(|| value.parse().ok())?
+                })
             })
             .unwrap_or(0)
     }

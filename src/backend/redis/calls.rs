@@ -9,7 +9,7 @@ use redis::{Cmd, RedisError, RedisWrite, ToRedisArgs, Value};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via, batch_index};
 use crate::algorithm::sliding_log;
-use crate::backend::{BackendError, BucketKey, Charge, Group, Outcome, Refund};
+use crate::backend::{BackendError, BucketKey, Charge, Group, Item, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
 /// What an algorithm script call does (ARGV[1], and ARGV[8..=9] of a refund).
@@ -185,10 +185,20 @@ impl GroupWords {
             u64::from(prior.quota_total),
             u64::from(prior.quota_over),
         ];
+        GroupWords::of(head, group.items.iter())
+    }
+
+    /// The words of some of a request's `items`, each admitted whatever the others decide
+    /// (`Group::independent`): the part of a request that one Redis Cluster master holds,
+    /// the request being settled once every master has answered.
+    pub(crate) fn independent<'a>(items: impl Iterator<Item = &'a Item>) -> GroupWords {
+        GroupWords::of([1, 0, 0, 0], items)
+    }
+
+    /// The words of `items` after the request's `admit over qtotal qover`.
+    fn of<'a>(head: [u64; 4], items: impl Iterator<Item = &'a Item>) -> GroupWords {
         let mut work = 0;
-        let items = group
-            .items
-            .iter()
+        let items = items
             .map(|item| {
                 let (charge, policy) = (&item.charge, &item.charge.policy);
                 work += 1;
@@ -559,6 +569,34 @@ mod tests {
         ];
         assert_eq!(words, expected);
         assert_eq!(first.len() + second.len(), 3);
+    }
+
+    #[test]
+    fn a_part_of_a_request_is_sent_as_an_independent_group() {
+        let policy = Policy::fixed_window(5, Unit::Minute);
+        let item = |value, quota| crate::backend::Item {
+            charge: Charge {
+                bucket: BucketKey::new("d", "r", [("k", value)], &policy),
+                policy,
+                cost: 1,
+            },
+            weight: crate::backend::Weight {
+                quota,
+                shadow: false,
+            },
+        };
+        let items = [item("a", true), item("b", false)];
+        let part = GroupWords::independent(items.iter());
+        let as_group = GroupWords::new(&Group {
+            items: items.to_vec(),
+            ..Group::independent(&[])
+        });
+        let set = ScriptSet::new();
+        assert_eq!(
+            words(&GroupWords::command(&[&part], "fg", &set, Via::Sha)),
+            words(&GroupWords::command(&[&as_group], "fg", &set, Via::Sha)),
+        );
+        assert_eq!(part.work(), as_group.work());
     }
 
     #[test]

@@ -455,10 +455,7 @@ impl Cluster {
             let words = if whole {
                 GroupWords::new(group)
             } else {
-                GroupWords::new(&Group {
-                    items: indexes.iter().map(|&i| group.items[i].clone()).collect(),
-                    ..Group::independent(&[])
-                })
+                GroupWords::independent(indexes.iter().map(|&i| &group.items[i]))
             };
             topology.lanes[*node].lane.decide(words, deadline)
         }))

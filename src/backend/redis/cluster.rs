@@ -43,7 +43,7 @@ use redis::cluster_routing::{
 };
 use tokio::time::{Instant, timeout_at};
 
-use super::batch::{self, Lane, Runner};
+use super::batch::{self, Lane};
 use super::calls::{self, Call, GroupWords};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting};
@@ -51,9 +51,11 @@ use super::{RedisOptions, config_error};
 use crate::backend::{Backend, BackendError, Group, Item, Outcome, Refund, undoable};
 use crate::redact::{Redacted, Secrets};
 use health::Health;
+use node::NodeLink;
 use slots::{SlotMap, slot_of};
 
 mod health;
+mod node;
 mod slots;
 
 /// Retries of one command inside the client (redirects, `TRYAGAIN`, reconnects); the call's
@@ -102,104 +104,6 @@ struct MasterLane {
     slot: u16,
     lane: Arc<Lane>,
     health: Arc<Health>,
-}
-
-/// Sends a master's batch calls: `FCALL` of the cross-slot batch function, routed to the
-/// master of `slot` (one slot it held when the map was read).
-struct NodeLink {
-    conn: ClusterConnection,
-    scripts: ScriptSet,
-    secrets: Secrets,
-    slot: u16,
-    /// Whether the master may get decisions after a silence (`health`).
-    health: Arc<Health>,
-    /// The backend timeout, which also bounds a probe.
-    timeout: Duration,
-    /// Prefix of every bucket's key (`RedisOptions::key_prefix`).
-    key_prefix: String,
-}
-
-impl NodeLink {
-    /// The master of `slot`, as the client knows it.
-    fn route(&self) -> RoutingInfo {
-        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-            self.slot,
-            SlotAddr::Master,
-        )))
-    }
-
-    /// Sends one `PING` to a quarantined master, unless one is out (see `health`).
-    fn probe(&self) {
-        if !self.health.start_probe() {
-            return;
-        }
-        let (mut conn, route) = (self.conn.clone(), self.route());
-        let (health, timeout) = (Arc::clone(&self.health), self.timeout);
-        tokio::spawn(async move {
-            let ping = tokio::time::timeout(timeout, conn.route_command(redis::cmd("PING"), route));
-            let answered = matches!(ping.await, Ok(Ok(_)));
-            health.end_probe(answered.then(Instant::now));
-        });
-    }
-
-    /// One `FCALL` for `groups`; after `Function not found` the library is loaded on the same
-    /// node and the call goes again (the first one did not run).
-    async fn send(
-        &self,
-        groups: &[&GroupWords],
-        deadline: Instant,
-    ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        let route = || self.route();
-        let mut conn = self.conn.clone();
-        let mut reply = Value::Nil;
-        for retry in [false, true] {
-            if retry {
-                let load = self.scripts.library_load();
-                let loaded = timeout_at(deadline, conn.route_command(load, route())).await;
-                if let Ok(Err(e)) = loaded {
-                    return Err(self.secrets.scrub(errors::classify(&e)));
-                }
-            }
-            let cmd = GroupWords::command_across_slots(groups, &self.key_prefix, &self.scripts);
-            reply = match timeout_at(deadline, conn.route_command(cmd, route())).await {
-                Ok(Ok(value)) => value,
-                Ok(Err(e)) if errors::is_missing_error(&e) && !retry => continue,
-                Ok(Err(e)) => return Err(self.secrets.scrub(errors::classify(&e))),
-                Err(_) => return Err(BackendError::Timeout),
-            };
-            if !errors::is_missing(&reply) {
-                break;
-            }
-        }
-        let items = groups.iter().map(|group| group.len()).sum();
-        calls::batch_outcomes(reply, items).map_err(|e| self.secrets.scrub(e))
-    }
-}
-
-impl Runner for NodeLink {
-    /// Sends the call unless the master is quarantined after a silence (`health`), and
-    /// notes whether it answered.
-    async fn run_batch(
-        &self,
-        groups: &[&GroupWords],
-        deadline: Instant,
-    ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        if !self.health.admits(Instant::now()) {
-            self.probe();
-            return Err(BackendError::Unavailable(
-                "a Redis Cluster master went silent: it gets decisions again once it answers"
-                    .into(),
-            ));
-        }
-        let result = self.send(groups, deadline).await;
-        match &result {
-            Err(BackendError::Timeout | BackendError::Unavailable(_)) => {
-                self.health.unanswered(Instant::now());
-            }
-            _ => self.health.answered(Instant::now()),
-        }
-        result
-    }
 }
 
 impl fmt::Debug for ClusterBackend {

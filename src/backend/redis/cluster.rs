@@ -89,6 +89,15 @@ struct Cluster {
     refreshing: AtomicBool,
 }
 
+/// How the charges of a request spread over several masters (or not mapped) are made.
+enum Plan {
+    /// Through the batchers of the masters (`owners`, one per item, of the slot map they were
+    /// read from), independent charges per master.
+    ByNode(Arc<Topology>, Vec<usize>),
+    /// One script call per item, routed by the client (which follows `MOVED`/`ASK`).
+    Each,
+}
+
 /// The slot map and, for each of its masters in order, the batcher of its calls and the slot
 /// those calls are routed by.
 #[derive(Default)]
@@ -255,16 +264,49 @@ impl Cluster {
             .collect()
     }
 
-    /// Runs [`Cluster::charge_and_settle`] in a task of its own, so that its undo happens
-    /// whatever becomes of the caller: a caller dropped at its deadline while the charges are
-    /// out (and answered by the failure mode) leaves nothing booked either, unless
-    /// `keep_on_failure` admits it.
+    /// Decides `group`: on the one master that holds every bucket, in one atomic call and in
+    /// the caller's task, as on a lone Redis (nothing to settle); else by
+    /// [`Cluster::charge_and_settle`] in a task of its own, so that its undo happens whatever
+    /// becomes of the caller: a caller dropped at its deadline while the charges are out (and
+    /// answered by the failure mode) leaves nothing booked either, unless `keep_on_failure`
+    /// admits it.
     async fn decide(self: &Arc<Self>, group: &Group) -> Result<Vec<Outcome>, BackendError> {
+        if group.items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let deadline = Instant::now() + self.options.timeout;
+        let deadline = group
+            .deadline
+            .map_or(deadline, |caller| caller.min(deadline));
+        let mut plan = Plan::Each;
+        if self.scripting == Scripting::Functions {
+            let topology = Arc::clone(&self.topology.read());
+            plan = match self.owners(&topology, group) {
+                Some(owners) if owners.iter().all(|&owner| owner == owners[0]) => {
+                    let lane = &topology.lanes[owners[0]].lane;
+                    match lane.decide(GroupWords::new(group), deadline).await {
+                        Ok(Some(outcomes)) => return Ok(outcomes),
+                        Err(error) => return Err(self.lane_failed(error)),
+                        // A key the master no longer holds (or of another type): nothing of
+                        // it stands, and it goes again one key per call.
+                        Ok(None) => {
+                            self.refresh_soon();
+                            Plan::Each
+                        }
+                    }
+                }
+                Some(owners) => Plan::ByNode(topology, owners),
+                None => {
+                    self.refresh_soon();
+                    Plan::Each
+                }
+            };
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let cluster = Arc::clone(self);
         let group = group.clone();
         tokio::spawn(async move {
-            let (result, kept) = cluster.charge_and_settle(&group).await;
+            let (result, kept) = cluster.charge_and_settle(&group, plan, deadline).await;
             if let Err(Ok(_)) = reply.send(result)
                 && !group.keep_on_failure
                 && !kept.is_empty()
@@ -281,21 +323,46 @@ impl Cluster {
         })
     }
 
-    /// Charges every item (by node with the library, else one call each), then undoes the
-    /// undoable bookings of a rejected request, or of a failed one unless
-    /// `keep_on_failure`. Also returns the refunds of the bookings that stand, should the
-    /// caller be gone.
+    /// The master of each of `group`'s buckets in `topology`, or `None` when the slot map does
+    /// not cover one of them.
+    fn owners(&self, topology: &Topology, group: &Group) -> Option<Vec<usize>> {
+        let prefix = &self.options.key_prefix;
+        let mut key = String::new();
+        group
+            .items
+            .iter()
+            .map(|item| {
+                key.clear();
+                item.charge.bucket.write_redis_key(prefix, &mut key);
+                topology.slots.owner(slot_of(key.as_bytes()))
+            })
+            .collect()
+    }
+
+    /// A lane's error, after asking for the slot map again unless the error says only that
+    /// the master is busy.
+    fn lane_failed(self: &Arc<Self>, error: BackendError) -> BackendError {
+        if !matches!(error, BackendError::Overloaded | BackendError::Timeout) {
+            self.refresh_soon();
+        }
+        error
+    }
+
+    /// Charges every item as `plan` says, then undoes the undoable bookings of a rejected
+    /// request, or of a failed one unless `keep_on_failure`. Also returns the refunds of the
+    /// bookings that stand, should the caller be gone.
     async fn charge_and_settle(
         self: &Arc<Self>,
         group: &Group,
+        plan: Plan,
+        deadline: Instant,
     ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
-        let deadline = Instant::now() + self.options.timeout;
-        let deadline = group
-            .deadline
-            .map_or(deadline, |caller| caller.min(deadline));
-        let results = match self.scripting {
-            Scripting::Functions => self.charge_by_node(group, deadline).await,
-            Scripting::Auto | Scripting::Evalsha => {
+        let results = match plan {
+            Plan::ByNode(topology, owners) => {
+                self.charge_by_node(&topology, group, &owners, deadline)
+                    .await
+            }
+            Plan::Each => {
                 let items: Vec<&Item> = group.items.iter().collect();
                 self.charge_each(&items, deadline).await
             }
@@ -320,33 +387,17 @@ impl Cluster {
         .await
     }
 
-    /// Charges `group` through the batchers of the masters that hold its buckets: whole (one
-    /// atomic step) when one master holds them all, else as independent charges per master.
-    /// A part that failed inside its call (a key the master does not hold while a slot moves,
-    /// or a key of another type) goes again one key per call; so does a group with a slot
-    /// the map does not know.
+    /// Charges `group`, whose buckets `owners` spread over several masters of `topology`,
+    /// through their batchers, as independent charges per master. A part that failed inside
+    /// its call (a key the master does not hold while a slot moves, or a key of another type)
+    /// goes again one key per call.
     async fn charge_by_node(
         self: &Arc<Self>,
+        topology: &Topology,
         group: &Group,
+        owners: &[usize],
         deadline: Instant,
     ) -> Vec<Result<Outcome, BackendError>> {
-        let topology = Arc::clone(&self.topology.read());
-        let prefix = &self.options.key_prefix;
-        let mut key = String::new();
-        let owners: Option<Vec<usize>> = group
-            .items
-            .iter()
-            .map(|item| {
-                key.clear();
-                item.charge.bucket.write_redis_key(prefix, &mut key);
-                topology.slots.owner(slot_of(key.as_bytes()))
-            })
-            .collect();
-        let Some(owners) = owners.filter(|owners| !owners.is_empty()) else {
-            self.refresh_soon();
-            let items: Vec<&Item> = group.items.iter().collect();
-            return self.charge_each(&items, deadline).await;
-        };
         let mut parts: Vec<(usize, Vec<usize>)> = Vec::new();
         for (index, &owner) in owners.iter().enumerate() {
             match parts.iter_mut().find(|(node, _)| *node == owner) {
@@ -354,13 +405,8 @@ impl Cluster {
                 None => parts.push((owner, vec![index])),
             }
         }
-        let whole = parts.len() == 1;
         let replies = join_all(parts.iter().map(|(node, indexes)| {
-            let words = if whole {
-                GroupWords::new(group)
-            } else {
-                GroupWords::independent(indexes.iter().map(|&i| &group.items[i]))
-            };
+            let words = GroupWords::independent(indexes.iter().map(|&i| &group.items[i]));
             topology.lanes[*node].lane.decide(words, deadline)
         }))
         .await;
@@ -375,9 +421,7 @@ impl Cluster {
                 }
                 Ok(None) => again.extend(indexes.iter().copied()),
                 Err(error) => {
-                    if !matches!(error, BackendError::Overloaded | BackendError::Timeout) {
-                        self.refresh_soon();
-                    }
+                    let error = self.lane_failed(error);
                     for &i in indexes {
                         results[i] = Some(Err(error.clone()));
                     }

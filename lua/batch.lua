@@ -65,16 +65,40 @@ for p = 1, tonumber(ARGV[2]) do
   arg = arg + 8
 end
 
--- Undoes an item's booking at its instant (refund id 0), when it made one under reject.
-local function undo(item)
-  local reply, args = item.reply, item.args
-  if reply[1] == 1 and reply[5] == 1 and args[2] ~= 0 and args[6] ~= '1' then
-    local ok, undone = pcall(item.run, {item.key}, {'refund', args[2], args[3], args[4],
-      args[5], args[6], args[7], string.format('%d', reply[4]), '0'})
+-- One KEYS table and one ARGV table carry every charge: an algorithm reads its arguments
+-- into locals before anything else, so they are refilled for the next item instead of
+-- built anew (a batch's cost in Redis is mostly allocation).
+local charge_keys = {}
+local charge_args = {'charge', 0, 0, 0, 0, '0', 0, '0', '0'}
+
+-- Charges bucket KEYS[key] with cost n under policy: pcall's ok and the algorithm's reply.
+local function charge(policy, key, n)
+  charge_keys[1] = KEYS[key]
+  charge_args[2], charge_args[3], charge_args[4] = n, policy.W, policy.L
+  charge_args[5], charge_args[6], charge_args[7] = policy.B, policy.consume, policy.lockout
+  return pcall(policy.run, charge_keys, charge_args)
+end
+
+-- Undoes the booking that reply reports for bucket KEYS[key] (cost n, under policy) at its
+-- instant (refund id 0), when it made one under reject.
+local function undo(policy, key, n, reply)
+  if reply[1] == 1 and reply[5] == 1 and n ~= 0 and policy.consume ~= '1' then
+    local ok, undone = pcall(policy.run, {KEYS[key]}, {'refund', n, policy.W, policy.L,
+      policy.B, policy.consume, policy.lockout, string.format('%d', reply[4]), '0'})
     return ok and not undone.err
   end
   return false
 end
+
+-- Item i of the group whose words start at ARGV[first_arg] and keys at KEYS[first_key]: its
+-- policy (nil if unknown), the index of its key and its cost.
+local function item(first_arg, first_key, i)
+  local at = first_arg + 2 * (i - 1)
+  return policies[tonumber(ARGV[at])], first_key + i - 1, tonumber(ARGV[at + 1])
+end
+
+-- The replies of the current group's items, in order (reused by every group).
+local replies = {}
 
 for _ = 1, tonumber(ARGV[1]) do
   local m = tonumber(ARGV[arg])
@@ -88,23 +112,20 @@ for _ = 1, tonumber(ARGV[1]) do
     arg = arg + 4
   end
   arg = arg + 1
-  local items = {}
-  local failed = false
+  -- Where the group's items start, to find an item's policy, key and cost again.
+  local first_arg, first_key = arg, key
+  local decided = 0
   for i = 1, m do
-    local policy = policies[tonumber(ARGV[arg])]
+    local policy, at, n = item(first_arg, first_key, i)
     if not policy then
       return redis.error_reply('ERR floodgate batch: unknown policy')
     end
-    local args = {'charge', tonumber(ARGV[arg + 1]), policy.W, policy.L, policy.B,
-      policy.consume, policy.lockout, '0', '0'}
-    local ok, reply = pcall(policy.run, {KEYS[key]}, args)
+    local ok, reply = charge(policy, at, n)
     if not ok or reply.err then
-      -- This request fails alone: skip its other items, undo what it booked.
-      failed = true
-      arg = arg + 2 * (m - i + 1)
-      key = key + (m - i + 1)
       break
     end
+    replies[i] = reply
+    decided = i
     local denied = reply[1] == 0 and not policy.shadow
     if policy.quota then
       qtotal = qtotal + 1
@@ -114,13 +135,14 @@ for _ = 1, tonumber(ARGV[1]) do
     elseif denied then
       over = true
     end
-    items[i] = {run = policy.run, key = KEYS[key], args = args, reply = reply}
-    arg = arg + 2
-    key = key + 1
   end
-  if failed then
-    for i = 1, #items do
-      undo(items[i])
+  arg = first_arg + 2 * m
+  key = first_key + m
+  if decided < m then
+    -- This request fails alone: its other items are skipped, what it booked is undone.
+    for i = 1, decided do
+      local policy, at, n = item(first_arg, first_key, i)
+      undo(policy, at, n, replies[i])
     end
     for _ = 1, m do
       out[#out + 1] = -1
@@ -130,13 +152,15 @@ for _ = 1, tonumber(ARGV[1]) do
   else
     local rejected = not admit and (over or (qtotal > 0 and qover == qtotal))
     for i = 1, m do
-      local item = items[i]
-      local reply = item.reply
+      local reply = replies[i]
       local rolled_back = 0
       -- Undoable: it fitted and booked a positive cost under reject (not consume).
-      if rejected and undo(item) then
-        reply[5] = 0
-        rolled_back = 1
+      if rejected then
+        local policy, at, n = item(first_arg, first_key, i)
+        if undo(policy, at, n, reply) then
+          reply[5] = 0
+          rolled_back = 1
+        end
       end
       out[#out + 1] = reply[1] + 2 * reply[5] + 4 * rolled_back
       out[#out + 1] = reply[2]

@@ -1,11 +1,12 @@
 --[[
-floodgate: the shared tail of every algorithm script, appended to each when it is loaded
-(src/backend/redis/scripts.rs). It is the order of Bucket::decide in src/algorithm/mod.rs:
-a peek changes nothing; an active lock denies (booking the cost only under consume); then
-the algorithm decides, and a real denial starts the lockout.
+floodgate: the shared tail of every algorithm's call, run after the shared head
+(lua/prelude.lua) and the algorithm's load() (src/backend/redis/scripts.rs). It is the order
+of Bucket::decide in src/algorithm/mod.rs: a peek changes nothing; an active lock denies
+(booking the cost only under consume); then the algorithm decides, and a real denial starts
+the lockout.
 
-The algorithm script before it defines, as chunk locals:
-  now, n, locked, consume, lockout    numbers and the consume flag
+The algorithm defines, once, beside the arguments of the head:
+  locked                              the lock of the bucket load() read
   check(book_on_deny)                 -> allowed, remaining, reset_ms, booked
   peek()                              -> allowed, remaining, reset_ms (no write)
   save()                              writes the state, `locked` included, with its expiry

@@ -23,17 +23,14 @@ leaves the key's expiry at the state's (PEXPIREAT, at least 1 ms ahead), so idle
 vanish on their own. Absolute, because a relative TTL counts from Redis' own time for the
 command, which can trail TIME by a millisecond: the key could vanish while it still counts.
 ]]
--- The shared head (lua/prelude.lua) is prepended when the script is loaded.
+-- Defined once with the algorithm (see lua/prelude.lua); load() sets the bucket's state on
+-- every call, and the shared tail (lua/decide.lua) then decides with check/peek/save.
 
-local s = hmget(key, 'w', 'c', 'lk', 'r')
-local refunds = s[4] or ''
-local window = tonumber(s[1]) or 0
-local count = tonumber(s[2]) or 0
-local locked = tonumber(s[3]) or 0
-
--- What was stored: when only the count moves within the window and the lock, the other
--- fields and the expiry stay as they are, so one HSET of the count is the whole write.
-local window0, count0, locked0 = window, count, locked
+-- The bucket's state, and what was stored: when only the count moves within the window and
+-- the lock, the other fields and the expiry stay as they are, so one HSET of the count is the
+-- whole write.
+local refunds, window, count, locked, reset
+local window0, count0, locked0
 
 local function save()
   if count > 0 and count0 > 0 and window == window0 and locked == locked0 then
@@ -48,32 +45,43 @@ local function save()
   pexpireat(key, int(math.max(expires, now + 1)))
 end
 
-if op == 'refund' then
-  local booked_at = tonumber(ARGV[8])
-  if not booked_at then
-    return redis.error_reply('ERR floodgate fixed_window: bad booked_at')
-  end
-  if refund_seen(refunds, refund_id) then
-    return {0, now}
-  end
-  -- A booking from another window is already forgotten.
-  if math.floor(booked_at / W) ~= window or count == 0 or n == 0 then
-    return {0, now}
-  end
-  count = count - math.min(count, n)
-  save()
-  hset(key, 'r', refund_remember(refunds, refund_id))
-  return {1, now}
-end
+-- Reads the bucket and rolls it to now; applies a refund (ARGV[8]). Returns the reply to
+-- give at once (a refund's, or an error), or nil for a charge to go on.
+local function load(ARGV)
+  local s = hmget(key, 'w', 'c', 'lk', 'r')
+  refunds = s[4] or ''
+  window = tonumber(s[1]) or 0
+  count = tonumber(s[2]) or 0
+  locked = tonumber(s[3]) or 0
+  window0, count0, locked0 = window, count, locked
 
--- Roll into the current window. An older one (the clock went backwards) keeps counting
--- in the stored window unless that is empty.
-local cur = math.floor(now / W)
-if cur > window or count == 0 then
-  window = cur
-  count = 0
+  if op == 'refund' then
+    local booked_at = tonumber(ARGV[8])
+    if not booked_at then
+      return redis.error_reply('ERR floodgate fixed_window: bad booked_at')
+    end
+    if refund_seen(refunds, refund_id) then
+      return {0, now}
+    end
+    -- A booking from another window is already forgotten.
+    if math.floor(booked_at / W) ~= window or count == 0 or n == 0 then
+      return {0, now}
+    end
+    count = count - math.min(count, n)
+    save()
+    hset(key, 'r', refund_remember(refunds, refund_id))
+    return {1, now}
+  end
+
+  -- Roll into the current window. An older one (the clock went backwards) keeps counting
+  -- in the stored window unless that is empty.
+  local cur = math.floor(now / W)
+  if cur > window or count == 0 then
+    window = cur
+    count = 0
+  end
+  reset = math.max((window + 1) * W - now, 0)
 end
-local reset = math.max((window + 1) * W - now, 0)
 
 -- Returns allowed, remaining, reset_ms, booked.
 local function check(book_on_deny)
@@ -91,5 +99,3 @@ end
 local function peek()
   return count < L, math.max(L - count, 0), reset
 end
-
--- The shared tail (lua/decide.lua) is appended here when the script is loaded.

@@ -1,19 +1,21 @@
 --[[
-floodgate: the shared head of every algorithm script, prepended to each when it is loaded
-(src/backend/redis/scripts.rs), after a line that sets ALGORITHM to the script's name. It reads
-and checks the arguments every script takes (see each script's header for ARGV). `now` and the
-helpers (lua/lib.lua) are defined before it, once per call of a script, or once at FUNCTION
-LOAD for the library. The assembled text is written to target/lua-assembled/ by tests/lua.rs.
+floodgate: the shared head of every algorithm's call, run first on each call
+(src/backend/redis/scripts.rs). It sets and checks the arguments every script takes (see each
+script's header for ARGV): `key op n W L B consume lockout refund_id`, declared once with the
+algorithm, so that its functions, also defined once, read them without a closure per call.
+`now` and the helpers (lua/lib.lua) are defined before it, once per call of a script, or once
+at FUNCTION LOAD for the library. The assembled text is written to target/lua-assembled/ by
+tests/lua.rs.
 ]]
-local key = KEYS[1]
-local op = ARGV[1]
-local n = tonumber(ARGV[2])
-local W = tonumber(ARGV[3])
-local L = tonumber(ARGV[4])
-local B = tonumber(ARGV[5])
-local consume = ARGV[6] == '1'
-local lockout = tonumber(ARGV[7])
-local refund_id = ARGV[9]
+key = KEYS[1]
+op = ARGV[1]
+n = tonumber(ARGV[2])
+W = tonumber(ARGV[3])
+L = tonumber(ARGV[4])
+B = tonumber(ARGV[5])
+consume = ARGV[6] == '1'
+lockout = tonumber(ARGV[7])
+refund_id = ARGV[9]
 if op ~= 'charge' and op ~= 'refund' then
   return redis.error_reply('ERR floodgate ' .. ALGORITHM .. ': unknown op')
 end

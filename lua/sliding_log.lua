@@ -35,44 +35,24 @@ them never changes an answer, so a peek or a denial that finds such bookings rem
 (the only writes a peek or denial makes). A denial's wait reads the live bookings from the
 nearer end of the log (see wait): at most min(k, L - k + 1) members, 5,000 at most.
 ]]
--- The shared head (lua/prelude.lua) is prepended when the script is loaded.
-if L > 10000 then
-  return redis.error_reply('ERR floodgate sliding_log: bad arguments')
-end
+-- Defined once with the algorithm (see lua/prelude.lua); load() sets the bucket's state on
+-- every call, and the shared tail (lua/decide.lua) then decides with check/peek/save.
 
-local horizon = int(now - W)
-local lock_score = redis.call('ZSCORE', key, 'lock')
-local locked = 0
-if lock_score then
-  locked = -tonumber(lock_score)
-end
-local total_score = redis.call('ZSCORE', key, 'total')
-local live = 0
-if total_score then
-  live = -tonumber(total_score)
-end
+-- The bucket's state: the lock and the live count.
+local locked, live
 
 -- The count of a booking member "<ts>:<count>".
 local function units(member)
   return tonumber(string.match(member, ':(%d+)$'))
 end
 
+-- Stores the live count as the member "total".
 local function store_total()
   if live > 0 then
     redis.call('ZADD', key, int(-live), 'total')
   else
     redis.call('ZREM', key, 'total')
   end
-end
-
--- Drop the bookings that have left the window.
-local dead = redis.call('ZRANGEBYSCORE', key, '(0', horizon)
-if #dead > 0 then
-  for i = 1, #dead do
-    live = live - units(dead[i])
-  end
-  redis.call('ZREMRANGEBYSCORE', key, '(0', horizon)
-  store_total()
 end
 
 -- The newest booking's ts, or nil when none is stored.
@@ -159,33 +139,64 @@ local function rebook(ts, delta)
   return count
 end
 
-if op == 'refund' then
-  local booked_at = tonumber(ARGV[8])
-  if not booked_at then
-    return redis.error_reply('ERR floodgate sliding_log: bad booked_at')
+-- Reads the bucket and drops the bookings that have left the window; applies a refund
+-- (ARGV[8]). Returns the reply to give at once (a refund's, or an error), or nil for a
+-- charge to go on.
+local function load(ARGV)
+  if L > 10000 then
+    return redis.error_reply('ERR floodgate sliding_log: bad arguments')
   end
-  local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0, 1)
-  local ids = ''
-  if found[1] then
-    ids = string.sub(found[1], 5)
+
+  local horizon = int(now - W)
+  local lock_score = redis.call('ZSCORE', key, 'lock')
+  locked = 0
+  if lock_score then
+    locked = -tonumber(lock_score)
   end
-  -- Units that have left the window are already gone.
-  if n == 0 or booked_at <= now - W or refund_seen(ids, refund_id) then
-    return {0, now}
+  local total_score = redis.call('ZSCORE', key, 'total')
+  live = 0
+  if total_score then
+    live = -tonumber(total_score)
   end
-  local booking = redis.call('ZRANGEBYSCORE', key, int(booked_at), int(booked_at), 'LIMIT', 0, 1)
-  if not booking[1] then
-    return {0, now}
-  end
-  rebook(booked_at, -math.min(n, units(booking[1])))
-  if refund_id ~= '0' then
-    if found[1] then
-      redis.call('ZREM', key, found[1])
+
+  -- Drop the bookings that have left the window.
+  local dead = redis.call('ZRANGEBYSCORE', key, '(0', horizon)
+  if #dead > 0 then
+    for i = 1, #dead do
+      live = live - units(dead[i])
     end
-    redis.call('ZADD', key, '-inf', 'ids:' .. refund_remember(ids, refund_id))
+    redis.call('ZREMRANGEBYSCORE', key, '(0', horizon)
+    store_total()
   end
-  save()
-  return {1, now}
+
+  if op == 'refund' then
+    local booked_at = tonumber(ARGV[8])
+    if not booked_at then
+      return redis.error_reply('ERR floodgate sliding_log: bad booked_at')
+    end
+    local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0, 1)
+    local ids = ''
+    if found[1] then
+      ids = string.sub(found[1], 5)
+    end
+    -- Units that have left the window are already gone.
+    if n == 0 or booked_at <= now - W or refund_seen(ids, refund_id) then
+      return {0, now}
+    end
+    local booking = redis.call('ZRANGEBYSCORE', key, int(booked_at), int(booked_at), 'LIMIT', 0, 1)
+    if not booking[1] then
+      return {0, now}
+    end
+    rebook(booked_at, -math.min(n, units(booking[1])))
+    if refund_id ~= '0' then
+      if found[1] then
+        redis.call('ZREM', key, found[1])
+      end
+      redis.call('ZADD', key, '-inf', 'ids:' .. refund_remember(ids, refund_id))
+    end
+    save()
+    return {1, now}
+  end
 end
 
 -- Returns allowed, remaining, reset_ms, booked. A denial never books (see ARGV[6]).
@@ -204,5 +215,3 @@ local function peek()
   end
   return false, 0, wait(1)
 end
-
--- The shared tail (lua/decide.lua) is appended here when the script is loaded.

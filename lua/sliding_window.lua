@@ -22,18 +22,14 @@ Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
 ]]
--- The shared head (lua/prelude.lua) is prepended when the script is loaded.
+-- Defined once with the algorithm (see lua/prelude.lua); load() sets the bucket's state on
+-- every call, and the shared tail (lua/decide.lua) then decides with check/peek/save.
 
-local s = hmget(key, 'w', 'c', 'p', 'lk', 'r')
-local refunds = s[5] or ''
-local window = tonumber(s[1]) or 0
-local c = tonumber(s[2]) or 0
-local p = tonumber(s[3]) or 0
-local locked = tonumber(s[4]) or 0
-
--- What was stored: when only the current count moves (same window, previous count and
--- lock), the expiry stays as it is, so one HSET of the count is the whole write.
-local window0, c0, p0, locked0 = window, c, p, locked
+-- The bucket's state (e: elapsed ms in the window, in 0..W-1), and what was stored: when
+-- only the current count moves (same window, previous count and lock), the expiry stays as
+-- it is, so one HSET of the count is the whole write.
+local refunds, window, c, p, locked, e
+local window0, c0, p0, locked0
 
 local function save()
   if c > 0 and c0 > 0 and window == window0 and p == p0 and locked == locked0 then
@@ -50,36 +46,47 @@ local function save()
   pexpireat(key, int(math.max(expires, now + 1)))
 end
 
--- Roll to now: the current count becomes the previous one in the next window; older
--- counts are gone. An earlier window (the clock went backwards) keeps the stored state.
-local cur = math.floor(now / W)
-if (c == 0 and p == 0) or cur > window + 1 then
-  window, c, p = cur, 0, 0
-elseif cur == window + 1 then
-  window, c, p = cur, 0, c
-end
--- e: elapsed ms in the window, in 0..W-1.
-local e = math.min(math.max(now - window * W, 0), W - 1)
+-- Reads the bucket and rolls it to now; applies a refund (ARGV[8]). Returns the reply to
+-- give at once (a refund's, or an error), or nil for a charge to go on.
+local function load(ARGV)
+  local s = hmget(key, 'w', 'c', 'p', 'lk', 'r')
+  refunds = s[5] or ''
+  window = tonumber(s[1]) or 0
+  c = tonumber(s[2]) or 0
+  p = tonumber(s[3]) or 0
+  locked = tonumber(s[4]) or 0
+  window0, c0, p0, locked0 = window, c, p, locked
 
-if op == 'refund' then
-  local booked_at = tonumber(ARGV[8])
-  if not booked_at then
-    return redis.error_reply('ERR floodgate sliding_window: bad booked_at')
+  -- Roll to now: the current count becomes the previous one in the next window; older
+  -- counts are gone. An earlier window (the clock went backwards) keeps the stored state.
+  local cur = math.floor(now / W)
+  if (c == 0 and p == 0) or cur > window + 1 then
+    window, c, p = cur, 0, 0
+  elseif cur == window + 1 then
+    window, c, p = cur, 0, c
   end
-  if refund_seen(refunds, refund_id) then
-    return {0, now}
+  e = math.min(math.max(now - window * W, 0), W - 1)
+
+  if op == 'refund' then
+    local booked_at = tonumber(ARGV[8])
+    if not booked_at then
+      return redis.error_reply('ERR floodgate sliding_window: bad booked_at')
+    end
+    if refund_seen(refunds, refund_id) then
+      return {0, now}
+    end
+    local b = math.floor(booked_at / W)
+    if window == b and c > 0 and n > 0 then
+      c = c - math.min(c, n)
+    elseif window == b + 1 and p > 0 and n > 0 then
+      p = p - math.min(p, n)
+    else
+      return {0, now}
+    end
+    save()
+    hset(key, 'r', refund_remember(refunds, refund_id))
+    return {1, now}
   end
-  local b = math.floor(booked_at / W)
-  if window == b and c > 0 and n > 0 then
-    c = c - math.min(c, n)
-  elseif window == b + 1 and p > 0 and n > 0 then
-    p = p - math.min(p, n)
-  else
-    return {0, now}
-  end
-  save()
-  hset(key, 'r', refund_remember(refunds, refund_id))
-  return {1, now}
 end
 
 -- The remaining count after booking k, or nil when k does not fit. Testing c + k <= L
@@ -128,5 +135,3 @@ local function peek()
   end
   return false, 0, wait(1)
 end
-
--- The shared tail (lua/decide.lua) is appended here when the script is loaded.

@@ -25,7 +25,8 @@ Reply, integers only:
   charge  {allowed 0|1, remaining, reset_ms, now_ms, booked 0|1}
   refund  {changed 0|1, now_ms}
 ]]
--- The shared head (lua/prelude.lua) is prepended when the script is loaded.
+-- Defined once with the algorithm (see lua/prelude.lua); load() sets the bucket's state on
+-- every call, and the shared tail (lua/decide.lua) then decides with check/peek/save.
 
 local function gcd(a, b)
   while b ~= 0 do
@@ -34,23 +35,9 @@ local function gcd(a, b)
   return a
 end
 
-local g = gcd(W, L)
-local U = W / g
-local lambda = L / g
-local C = B * U
-
-local s = hmget(key, 'u', 't', 'lk', 'r')
-local refunds = s[4] or ''
-local level = tonumber(s[1]) or 0
-local updated = tonumber(s[2]) or 0
-local locked = tonumber(s[3]) or 0
-
--- u0: what is left at now. A clock going backwards leaks nothing; a leak too large for a
--- double is still larger than the level, so the max() below stays exact.
-local u0 = level - math.max(now - updated, 0) * lambda
-if u0 < 0 then
-  u0 = 0
-end
+-- The scaling of this call's policy, and the bucket's state. u0: what is left at now.
+local U, lambda, C
+local refunds, level, updated, locked, u0
 
 local function save()
   local expires = math.max(updated + cdiv(level, lambda), locked)
@@ -58,26 +45,49 @@ local function save()
   pexpireat(key, int(math.max(expires, now + 1)))
 end
 
-if op == 'refund' then
-  local booked_at = tonumber(ARGV[8])
-  if not booked_at then
-    return redis.error_reply('ERR floodgate token_bucket: bad booked_at')
+-- Reads the bucket and leaks it to now; applies a refund (ARGV[8]). Returns the reply to
+-- give at once (a refund's, or an error), or nil for a charge to go on.
+local function load(ARGV)
+  local g = gcd(W, L)
+  U = W / g
+  lambda = L / g
+  C = B * U
+
+  local s = hmget(key, 'u', 't', 'lk', 'r')
+  refunds = s[4] or ''
+  level = tonumber(s[1]) or 0
+  updated = tonumber(s[2]) or 0
+  locked = tonumber(s[3]) or 0
+
+  -- A clock going backwards leaks nothing; a leak too large for a double is still larger
+  -- than the level, so the max() below stays exact.
+  u0 = level - math.max(now - updated, 0) * lambda
+  if u0 < 0 then
+    u0 = 0
   end
-  if refund_seen(refunds, refund_id) then
-    return {0, now}
+
+  if op == 'refund' then
+    local booked_at = tonumber(ARGV[8])
+    if not booked_at then
+      return redis.error_reply('ERR floodgate token_bucket: bad booked_at')
+    end
+    if refund_seen(refunds, refund_id) then
+      return {0, now}
+    end
+    -- Give back what the booking may still hold: n*U less everything leaked since it was
+    -- made, and never more than the level (see token_bucket.rs for why this is safe). n*U
+    -- or the leak may not be exact when huge, but each is then beyond the level all the
+    -- same.
+    local held = n * U - math.max(now - booked_at, 0) * lambda
+    if u0 == 0 or held <= 0 then
+      return {0, now}
+    end
+    level = u0 - math.min(u0, held)
+    updated = now
+    save()
+    hset(key, 'r', refund_remember(refunds, refund_id))
+    return {1, now}
   end
-  -- Give back what the booking may still hold: n*U less everything leaked since it was
-  -- made, and never more than the level (see token_bucket.rs for why this is safe). n*U or
-  -- the leak may not be exact when huge, but each is then beyond the level all the same.
-  local held = n * U - math.max(now - booked_at, 0) * lambda
-  if u0 == 0 or held <= 0 then
-    return {0, now}
-  end
-  level = u0 - math.min(u0, held)
-  updated = now
-  save()
-  hset(key, 'r', refund_remember(refunds, refund_id))
-  return {1, now}
 end
 
 -- Returns allowed, remaining, reset_ms, booked. Comparisons are written as u0 <= C - n*U so
@@ -112,5 +122,3 @@ local function peek()
   end
   return false, 0, cdiv(u0 - (C - U), lambda)
 end
-
--- The shared tail (lua/decide.lua) is appended here when the script is loaded.

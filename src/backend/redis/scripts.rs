@@ -47,18 +47,26 @@ macro_rules! now {
     };
 }
 
-/// An algorithm's code: its name, the shared head (arguments), the algorithm, and the shared
-/// tail (the order of `Bucket::decide`: peek, lock, algorithm, lockout), so what all four
-/// share is written once. It expects `once_per_call!` before it.
+/// An algorithm as a Lua expression: a function(KEYS, ARGV) that answers one call. What does
+/// not change between calls is made once, when the expression is evaluated: the algorithm's
+/// functions and the variables they share (its name, the arguments, the bucket's state), so
+/// a call allocates no closure. Each call then runs the shared head (arguments), the
+/// algorithm's `load()` (the bucket's state, or a refund's reply), and the shared tail (the
+/// order of `Bucket::decide`: peek, lock, algorithm, lockout), so what all four share is
+/// written once. Redis runs one script at a time and an algorithm's call never reenters it,
+/// so the shared variables are never in use twice. It expects `once_per_call!` before it.
 macro_rules! algorithm {
     ($name:literal) => {
         concat!(
-            "local ALGORITHM = '",
+            "(function()\nlocal ALGORITHM = '",
             $name,
-            "'\n",
-            include_str!("../../../lua/prelude.lua"),
+            "'\nlocal key, op, n, W, L, B, consume, lockout, refund_id\n",
             include_str!(concat!("../../../lua/", $name, ".lua")),
+            "return function(KEYS, ARGV)\n",
+            include_str!("../../../lua/prelude.lua"),
+            "local answer = load(ARGV)\nif answer then\nreturn answer\nend\n",
             include_str!("../../../lua/decide.lua"),
+            "\nend\nend)()",
         )
     };
 }
@@ -83,9 +91,9 @@ macro_rules! script {
     ($name:literal) => {
         concat!(
             once_per_call!(),
-            "local function run(KEYS, ARGV)\n",
+            "local run = ",
             algorithm!($name),
-            "\nend\nlocal reply = run(KEYS, ARGV)\nflush()\nreturn reply\n",
+            "\nlocal reply = run(KEYS, ARGV)\nflush()\nreturn reply\n",
         )
     };
 }
@@ -93,13 +101,7 @@ macro_rules! script {
 /// One algorithm wrapped as entry `$index` of the batch script's ALGORITHMS table.
 macro_rules! batch_entry {
     ($index:literal, $name:literal) => {
-        concat!(
-            "ALGORITHMS[",
-            $index,
-            "] = function(KEYS, ARGV)\n",
-            algorithm!($name),
-            "\nend\n",
-        )
+        concat!("ALGORITHMS[", $index, "] = ", algorithm!($name), "\n",)
     };
 }
 

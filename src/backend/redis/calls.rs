@@ -268,7 +268,9 @@ impl GroupWords {
         cmd
     }
 
-    /// `nkeys keys... G P policies... groups... [pinned time]`.
+    /// `nkeys keys... words [pinned time]`, `words` being `G P policies... groups...` packed
+    /// as 8-byte little-endian integers in one argument (lua/batch.lua): Redis parses one
+    /// argument instead of a few per item, and the script reads numbers, not decimals.
     fn append(cmd: &mut Cmd, groups: &[&GroupWords], prefix: &str, scripts: &ScriptSet) {
         let items = || groups.iter().flat_map(|group| &group.items);
         cmd.arg(groups.iter().map(|group| group.len()).sum::<usize>());
@@ -281,22 +283,50 @@ impl GroupWords {
         }
         let mut table = PolicyTable::default();
         let numbers: Vec<u64> = items().map(|item| table.number(item.policy)).collect();
-        cmd.arg(groups.len()).arg(table.list.len());
-        for words in &table.list {
-            cmd.arg(&words[..]);
+        let mut words = PackedWords::default();
+        words
+            .push(groups.len() as u64)
+            .push(table.list.len() as u64);
+        for &word in table.list.iter().flatten() {
+            words.push(word);
         }
         let mut numbers = numbers.into_iter();
         for group in groups {
-            let m = group.items.len();
+            let m = group.items.len() as u64;
             match group.prior {
-                Some(prior) => cmd.arg(-(m as i64)).arg(&prior[..]),
-                None => cmd.arg(m),
-            };
+                Some(prior) => {
+                    words.push_signed(-(m as i64));
+                    for word in prior {
+                        words.push(word);
+                    }
+                }
+                None => {
+                    words.push(m);
+                }
+            }
             for (item, number) in group.items.iter().zip(numbers.by_ref()) {
-                cmd.arg(number).arg(item.cost);
+                words.push(number).push(item.cost);
             }
         }
+        cmd.arg(words.0);
         cmd.arg(scripts.pinned_now());
+    }
+}
+
+/// Numbers as the batch script unpacks them (`struct.unpack` of `i8`s): 8-byte little-endian
+/// signed integers, back to back. A number past `i64::MAX` (a cost no limit admits) is sent
+/// as `i64::MAX`, which no limit admits either.
+#[derive(Default)]
+struct PackedWords(Vec<u8>);
+
+impl PackedWords {
+    fn push(&mut self, word: u64) -> &mut Self {
+        self.push_signed(i64::try_from(word).unwrap_or(i64::MAX))
+    }
+
+    fn push_signed(&mut self, word: i64) -> &mut Self {
+        self.0.extend_from_slice(&word.to_le_bytes());
+        self
     }
 }
 
@@ -495,17 +525,57 @@ mod tests {
         assert_eq!(pinned_words.len(), on_time.len() + 1);
         assert_eq!(pinned_words.last().unwrap(), "4102444812350");
         let batch = GroupWords::command(&[], "fg", &pinned, Via::Sha);
-        assert_eq!(words(&batch).last().unwrap(), "4102444812350");
+        assert_eq!(arguments(&batch).last().unwrap(), b"4102444812350");
     }
 
-    /// The words of a command as it goes on the wire.
-    fn words(cmd: &Cmd) -> Vec<String> {
-        String::from_utf8(cmd.get_packed_command())
-            .unwrap()
-            .split("\r\n")
-            .filter(|w| !w.is_empty() && !w.starts_with(['*', '$']))
-            .map(String::from)
+    /// The arguments of a command as they go on the wire (RESP: `*n`, then `$len` and the
+    /// bytes of each).
+    fn arguments(cmd: &Cmd) -> Vec<Vec<u8>> {
+        let packed = cmd.get_packed_command();
+        let mut at = 0;
+        let mut number = |at: &mut usize| {
+            let end = *at + packed[*at..].windows(2).position(|w| w == b"\r\n").unwrap();
+            let value = std::str::from_utf8(&packed[*at + 1..end])
+                .unwrap()
+                .parse()
+                .unwrap();
+            *at = end + 2;
+            value
+        };
+        let count: usize = number(&mut at);
+        (0..count)
+            .map(|_| {
+                let len: usize = number(&mut at);
+                let argument = packed[at..at + len].to_vec();
+                at += len + 2;
+                argument
+            })
             .collect()
+    }
+
+    /// The words of a command without packed words (text arguments).
+    fn words(cmd: &Cmd) -> Vec<String> {
+        arguments(cmd)
+            .into_iter()
+            .map(|argument| String::from_utf8(argument).unwrap())
+            .collect()
+    }
+
+    /// A batch command's text arguments (the call and its keys), and its packed words (the
+    /// last argument: `PackedWords`) as numbers.
+    fn batch_words(cmd: &Cmd) -> (Vec<String>, Vec<i64>) {
+        let mut arguments = arguments(cmd);
+        let packed = arguments.pop().unwrap();
+        assert_eq!(packed.len() % 8, 0, "whole 8-byte words");
+        let numbers = packed
+            .chunks(8)
+            .map(|word| i64::from_le_bytes(word.try_into().unwrap()))
+            .collect();
+        let text = arguments
+            .into_iter()
+            .map(|argument| String::from_utf8(argument).unwrap())
+            .collect();
+        (text, numbers)
     }
 
     #[test]
@@ -513,7 +583,10 @@ mod tests {
         let set = ScriptSet::new();
         let batch = GroupWords::command(&[], "fg", &set, Via::Function);
         let name = set.library_name();
-        assert_eq!(words(&batch)[..3], ["FCALL", &format!("{name}_batch"), "0"]);
+        assert_eq!(
+            batch_words(&batch).0,
+            ["FCALL", &format!("{name}_batch"), "0"]
+        );
         let policy = Policy::fixed_window(5, Unit::Minute);
         let charge = Charge {
             bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
@@ -521,10 +594,12 @@ mod tests {
             cost: 1,
         };
         let group = GroupWords::new(&Group::independent(std::slice::from_ref(&charge)));
-        let across = words(&GroupWords::command_across_slots(&[&group], "fg", &set));
+        let (across, numbers) =
+            batch_words(&GroupWords::command_across_slots(&[&group], "fg", &set));
         let key = charge.bucket.redis_key("fg");
         let function = format!("{name}_batch_slots");
-        assert_eq!(across[..6], ["FCALL", &function, "0", "1", &key, "1"]);
+        assert_eq!(across, ["FCALL", &function, "0", "1", &key]);
+        assert_eq!(numbers[..2], [1, 1], "1 group, 1 policy");
     }
 
     #[test]
@@ -547,7 +622,7 @@ mod tests {
         let first = GroupWords::new(&group);
         let second = GroupWords::new(&Group::independent(&[charge("c", 1)]));
         let set = ScriptSet::new();
-        let words = words(&GroupWords::command(
+        let (text, numbers) = batch_words(&GroupWords::command(
             &[&first, &second],
             "fg",
             &set,
@@ -556,18 +631,19 @@ mod tests {
         let key = |value| charge(value, 0).bucket.redis_key("fg");
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let sha = set.batch().get_hash().to_owned();
-        // Keys; 2 groups and 3 policies; the first group with its prior verdicts (-m), items
-        // as policy number and cost; the second admitted whatever it decides.
+        assert_eq!(text, ["EVALSHA", &sha, "3", &a, &b, &c]);
+        // 2 groups and 3 policies; the first group with its prior verdicts (-m), items as
+        // policy number and cost; the second admitted whatever it decides.
         #[rustfmt::skip]
         let expected = [
-            "EVALSHA", &sha, "3", &a, &b, &c, "2", "3",
-            "1", "1", "0", "60000", "5", "5", "0", "0",
-            "1", "0", "1", "60000", "5", "5", "0", "0",
-            "1", "0", "0", "60000", "5", "5", "0", "0",
-            "-2", "0", "1", "0", "0", "1", "2", "2", "0",
-            "-1", "1", "0", "0", "0", "3", "1",
+            2, 3,
+            1, 1, 0, 60000, 5, 5, 0, 0,
+            1, 0, 1, 60000, 5, 5, 0, 0,
+            1, 0, 0, 60000, 5, 5, 0, 0,
+            -2, 0, 1, 0, 0, 1, 2, 2, 0,
+            -1, 1, 0, 0, 0, 3, 1,
         ];
-        assert_eq!(words, expected);
+        assert_eq!(numbers, expected);
         assert_eq!(first.len() + second.len(), 3);
     }
 
@@ -593,8 +669,8 @@ mod tests {
         });
         let set = ScriptSet::new();
         assert_eq!(
-            words(&GroupWords::command(&[&part], "fg", &set, Via::Sha)),
-            words(&GroupWords::command(&[&as_group], "fg", &set, Via::Sha)),
+            batch_words(&GroupWords::command(&[&part], "fg", &set, Via::Sha)),
+            batch_words(&GroupWords::command(&[&as_group], "fg", &set, Via::Sha)),
         );
         assert_eq!(part.work(), as_group.work());
     }

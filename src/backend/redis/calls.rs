@@ -533,7 +533,7 @@ mod tests {
     fn arguments(cmd: &Cmd) -> Vec<Vec<u8>> {
         let packed = cmd.get_packed_command();
         let mut at = 0;
-        let mut number = |at: &mut usize| {
+        let number = |at: &mut usize| {
             let end = *at + packed[*at..].windows(2).position(|w| w == b"\r\n").unwrap();
             let value = std::str::from_utf8(&packed[*at + 1..end])
                 .unwrap()

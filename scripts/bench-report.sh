@@ -8,9 +8,9 @@
 #   scripts/bench-report.sh [--quick] [--seconds N] [--out FILE] [--backends memory,redis,...]
 #
 # Bounded: the whole report is stopped after 30 minutes (--quick: 10). Every process it
-# starts is killed by pid on exit, error or interrupt. Needs redis-server, redis-cli,
-# redis-benchmark and python3. FLOODGATE_BUILD_WRAPPER (e.g. "flock /tmp/cargo.lock") is
-# put in front of the cargo build; FLOODGATE_BINARY skips the build.
+# starts is killed by pid on exit, error or interrupt. Needs redis-server, redis-cli and
+# python3. FLOODGATE_BUILD_WRAPPER (e.g. "flock /tmp/cargo.lock") is put in front of the
+# cargo build; FLOODGATE_BINARY skips the build.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ for arg in "$@"; do
     [[ "$arg" == "--quick" ]] && limit=10m
 done
 source scripts/lib/common.sh
-require_tools bench-report redis-server redis-cli redis-benchmark python3
+require_tools bench-report redis-server redis-cli python3
 binary=$(floodgate_binary)
 exec timeout --signal=TERM --kill-after=30s "$limit" \
     python3 scripts/lib/bench_report.py --binary "$binary" \

@@ -495,8 +495,9 @@ fn longest_call_us(server: &RedisServer) -> u64 {
         .unwrap()
         .get_connection()
         .unwrap();
-    // id, unix time, duration in µs, arguments, client address, client name.
-    type Entry = (u64, u64, u64, Vec<String>, String, String);
+    // id, unix time, duration in µs, arguments (a batch's words are binary), client address,
+    // client name.
+    type Entry = (u64, u64, u64, Vec<Vec<u8>>, String, String);
     let log: Vec<Entry> = redis::cmd("SLOWLOG")
         .arg("GET")
         .arg(-1)
@@ -505,7 +506,7 @@ fn longest_call_us(server: &RedisServer) -> u64 {
     log.iter()
         .filter(|(_, _, _, args, _, _)| {
             let command = args.first().map(|a| a.to_ascii_uppercase());
-            matches!(command.as_deref(), Some("FCALL" | "EVALSHA" | "EVAL"))
+            matches!(command.as_deref(), Some(b"FCALL" | b"EVALSHA" | b"EVAL"))
         })
         .map(|(_, _, micros, _, _, _)| *micros)
         .max()

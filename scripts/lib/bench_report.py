@@ -4,8 +4,8 @@ For each backend (memory, redis, redis-cluster of 3 masters) it starts a floodga
 every (calls in flight, keys, descriptors per request) runs `floodgate bench` for a fixed
 time and records decisions/s, latency, floodgate CPU per decision (/proc/PID/stat), Redis
 CPU per decision (INFO cpu, summed over masters) and Redis commands per decision (INFO
-commandstats). It also measures the ceiling of Redis itself: `redis-benchmark` replaying
-the exact script call floodgate makes (captured with MONITOR), pipelined. It writes
+commandstats). It also measures the ceiling of Redis itself: the exact script call floodgate
+makes (captured with MONITOR), replayed pipelined on random buckets. It writes
 BENCHMARKS.md and the raw results as JSON lines beside it.
 
 The overload section (memory and redis, `--overload`) gives every call Envoy's default 20 ms
@@ -21,14 +21,17 @@ can be written).
 """
 
 import argparse
+import codecs
 import json
 import os
 import platform
+import random
 import re
 import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -45,6 +48,8 @@ SCRIPT_CALLS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
 # The overload runs: Envoy's default deadline, and the concurrency where a node saturates.
 OVERLOAD_TIMEOUT = "20ms"
 SATURATING_IN_FLIGHT = 64
+# Calls of the Redis ceiling's first pass, which creates the buckets (`replay`).
+REPLAY_WARMUP = 20_000
 # Runs of the closed-loop 32x overload row; the report gives their median.
 REPEATS_32X = 3
 OVERLOAD_BACKENDS = ["memory", "redis"]
@@ -143,8 +148,9 @@ def machine():
 
 
 def capture_script_call(port, binary, target):
-    """The last EVALSHA (or EVAL) floodgate sent while answering a few calls, as argv.
-    MONITOR streams forever (floodgate's health pings too), so reading stops at a deadline."""
+    """The last EVALSHA, EVAL or FCALL floodgate sent while answering a few calls, as a list
+    of byte strings (its arguments are binary: the batch's packed words). MONITOR streams
+    forever (floodgate's health pings too), so reading stops at a deadline."""
     with socket.create_connection((LOOPBACK, port), timeout=5) as conn:
         conn.sendall(b"MONITOR\r\n")
         subprocess.run([binary, "bench", "--target", target, "--quiet", "--count", "60",
@@ -162,36 +168,102 @@ def capture_script_call(port, binary, target):
                 break
             data += chunk
     calls = []
-    for line in data.decode(errors="replace").splitlines():
-        args = [bytes(a, "utf-8").decode("unicode_escape")
-                for a in re.findall(r'"((?:[^"\\]|\\.)*)"', line)]
-        if args and args[0].upper() in ("EVALSHA", "EVALSHA_RO", "EVAL", "FCALL"):
+    for line in data.split(b"\n"):
+        # MONITOR quotes each argument and escapes its bytes as Python does (\xHH, \n...).
+        args = [codecs.escape_decode(a)[0] for a in re.findall(rb'"((?:[^"\\]|\\.)*)"', line)]
+        if args and args[0].upper() in (b"EVALSHA", b"EVALSHA_RO", b"EVAL", b"FCALL"):
             calls.append(args)
     if not calls:
         raise RuntimeError("floodgate made no script call that MONITOR saw")
     return calls[-1]
 
 
-def redis_benchmark(call, port, cluster, requests):
-    """redis-benchmark replaying `call` with its keys randomised over 10,000 buckets,
-    pipelined 64 deep; returns requests per second (None if it failed)."""
+def key_positions(call):
+    """Where `call`'s bucket keys are: after numkeys, or for the Redis Cluster batch function
+    (numkeys 0) after its own count at the head of ARGV."""
     numkeys = int(call[2])
-    args = list(call)
-    for i in range(3, 3 + numkeys):
-        # A cluster run replaces `{tag}` with a hash tag of the node it sends to (so every
-        # key lives there); a standalone run spreads the keys over 10,000 hash tags.
-        args[i] = "fg:{tag}:__rand_int__" if cluster else "fg:{__rand_int__}"
-    command = ["redis-benchmark", "-h", LOOPBACK, "-p", str(port), "-n", str(requests),
-               "-c", "16", "-P", "64", "-r", "10000", "-q", "-e"]
-    if cluster:
-        command.append("--cluster")
-    out = subprocess.run(command + args, capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    rates = re.findall(r"([\d.]+) requests per second", text)
-    if out.returncode != 0 or not rates or "ERR" in text:
-        log(f"redis-benchmark failed: {text.strip()[-500:]}")
+    if numkeys:
+        return range(3, 3 + numkeys)
+    return range(4, 4 + int(call[3]))
+
+
+def node_hash_tag(port):
+    """A hash tag whose slot the cluster node on `port` serves."""
+    node_id = resp(port, "CLUSTER", "MYID")
+    owned = [(int(r[0]), int(r[1])) for r in resp(port, "CLUSTER", "SLOTS")
+             if r[2][2] == node_id]
+    for n in range(100_000):
+        slot = int(resp(port, "CLUSTER", "KEYSLOT", f"{{t{n}}}"))
+        if any(low <= slot <= high for low, high in owned):
+            return f"t{n}"
+    raise RuntimeError(f"no hash tag found for the node on port {port}")
+
+
+def replay(call, port, cluster, requests):
+    """Redis alone with floodgate's script call: `call` sent `requests` times on one
+    connection, pipelined, each time on random buckets of 10,000 (on a cluster node, all
+    under a hash tag the node serves), after a first pass that creates the buckets. Returns
+    calls per second, or None if any failed. redis-benchmark cannot send the call: its words
+    are binary."""
+    tag = node_hash_tag(port) if cluster else None
+    replay_once(call, port, tag, REPLAY_WARMUP)
+    return replay_once(call, port, tag, requests)
+
+
+def replay_once(call, port, tag, requests):
+    """One pass of `replay`: calls per second, or None if any failed."""
+    rng = random.Random(requests)
+    positions = key_positions(call)
+
+    def command():
+        args = list(call)
+        for i in positions:
+            bucket = rng.randrange(10_000)
+            args[i] = (f"fg:{{{tag}}}:{bucket}" if tag else f"fg:{{{bucket}}}").encode()
+        return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+    payload = b"".join(command() for _ in range(requests))
+    with socket.create_connection((LOOPBACK, port), timeout=30) as conn:
+        writer = threading.Thread(target=conn.sendall, args=(payload,))
+        started = time.monotonic()
+        writer.start()
+        answered, buffer, failed = 0, b"", False
+        while answered < requests:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                break
+            buffer += chunk
+            answered, buffer, failed = count_replies(buffer, answered, failed)
+        elapsed = time.monotonic() - started
+        writer.join()
+    if failed or answered < requests:
+        log(f"replay failed: {answered} of {requests} answered, errors: {failed}")
         return None
-    return float(rates[-1])
+    return requests / elapsed
+
+
+def count_replies(buffer, answered, failed):
+    """Consumes the whole replies at the start of `buffer` (bulk strings, integers, errors):
+    the replies counted so far, what is left, and whether any was an error."""
+    at = 0
+    while True:
+        end = buffer.find(b"\r\n", at)
+        if end < 0:
+            break
+        kind = buffer[at:at + 1]
+        if kind == b"$":
+            size = int(buffer[at + 1:end])
+            if size >= 0:
+                if len(buffer) < end + 2 + size + 2:
+                    break
+                end += size + 2
+        elif kind == b"-":
+            failed = True
+        elif kind != b":":
+            raise RuntimeError(f"unexpected reply: {buffer[at:end][:80]!r}")
+        at = end + 2
+        answered += 1
+    return answered, buffer[at:], failed
 
 
 def measure(binary, floodgate, masters, run, seconds, harness, generator_cpus):
@@ -443,10 +515,11 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds):
         rows = [r for r in results if r["backend"] == backend]
         if rows:
             lines += [f"## {backend}", "", table(rows), ""]
-    lines += ["## Redis ceiling (redis-benchmark)", "",
+    lines += ["## Redis ceiling", "",
               "The script call floodgate makes for one descriptor (captured with MONITOR), "
-              "replayed by `redis-benchmark -c 16 -P 64 -r 10000` over random buckets on the "
-              "same Redis: what Redis alone can do with this script.", "",
+              "replayed on one connection, pipelined, over 10,000 random buckets on the same "
+              "Redis (on the cluster, its first master): what Redis alone can do with this "
+              "script.", "",
               "| Redis | calls/s |", "|---|---:|"]
     for name, rate in ceilings.items():
         lines.append(f"| {name} | {'failed' if rate is None else f'{rate:,.0f}'} |")
@@ -570,10 +643,9 @@ def main():
                 # On a cluster, MONITOR on one master sees only its slots: enough calls
                 # are made (capture_script_call) that some land there.
                 call = capture_script_call(masters[0].port, args.binary, floodgate.target)
-                ceilings[backend] = redis_benchmark(
-                    call, masters[0].port, cluster is not None,
-                    100_000 if args.quick else 1_000_000)
-                log(f"redis-benchmark {backend}: {ceilings[backend]}")
+                ceilings[backend] = replay(call, masters[0].port, cluster is not None,
+                                           50_000 if args.quick else 300_000)
+                log(f"Redis ceiling {backend}: {ceilings[backend]}")
             floodgate.stop()
             for proc in list(harness.procs):
                 harness.kill(proc)

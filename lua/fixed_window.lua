@@ -29,7 +29,7 @@ command, which can trail TIME by a millisecond: the key could vanish while it st
 -- The bucket's state, and what was stored: when only the count moves within the window and
 -- the lock, the other fields and the expiry stay as they are, so one HSET of the count is the
 -- whole write.
-local refunds, window, count, locked, reset
+local window, count, locked, reset
 local window0, count0, locked0
 
 local function save()
@@ -49,7 +49,7 @@ end
 -- give at once (a refund's, or an error), or nil for a charge to go on.
 local function load(ARGV)
   local s = hmget(key, 'w', 'c', 'lk', 'r')
-  refunds = s[4] or ''
+  local refunds = s[4] or ''
   window = tonumber(s[1]) or 0
   count = tonumber(s[2]) or 0
   locked = tonumber(s[3]) or 0

@@ -28,7 +28,7 @@ Reply, integers only:
 -- The bucket's state (e: elapsed ms in the window, in 0..W-1), and what was stored: when
 -- only the current count moves (same window, previous count and lock), the expiry stays as
 -- it is, so one HSET of the count is the whole write.
-local refunds, window, c, p, locked, e
+local window, c, p, locked, e
 local window0, c0, p0, locked0
 
 local function save()
@@ -50,7 +50,7 @@ end
 -- give at once (a refund's, or an error), or nil for a charge to go on.
 local function load(ARGV)
   local s = hmget(key, 'w', 'c', 'p', 'lk', 'r')
-  refunds = s[5] or ''
+  local refunds = s[5] or ''
   window = tonumber(s[1]) or 0
   c = tonumber(s[2]) or 0
   p = tonumber(s[3]) or 0

@@ -37,7 +37,7 @@ end
 
 -- The scaling of this call's policy, and the bucket's state. u0: what is left at now.
 local U, lambda, C
-local refunds, level, updated, locked, u0
+local level, updated, locked, u0
 
 local function save()
   local expires = math.max(updated + cdiv(level, lambda), locked)
@@ -54,7 +54,7 @@ local function load(ARGV)
   C = B * U
 
   local s = hmget(key, 'u', 't', 'lk', 'r')
-  refunds = s[4] or ''
+  local refunds = s[4] or ''
   level = tonumber(s[1]) or 0
   updated = tonumber(s[2]) or 0
   locked = tonumber(s[3]) or 0

@@ -139,10 +139,9 @@ local function rebook(ts, delta)
   return count
 end
 
--- Reads the bucket and drops the bookings that have left the window; applies a refund
--- (ARGV[8]). Returns the reply to give at once (a refund's, or an error), or nil for a
--- charge to go on.
-local function load(ARGV)
+-- Reads the bucket and drops the bookings that have left the window; applies a refund.
+-- Returns the reply to give at once (a refund's, or an error), or nil for a charge to go on.
+local function load()
   if L > 10000 then
     return redis.error_reply('ERR floodgate sliding_log: bad arguments')
   end
@@ -170,10 +169,6 @@ local function load(ARGV)
   end
 
   if op == 'refund' then
-    local booked_at = tonumber(ARGV[8])
-    if not booked_at then
-      return redis.error_reply('ERR floodgate sliding_log: bad booked_at')
-    end
     local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0, 1)
     local ids = ''
     if found[1] then

@@ -46,9 +46,9 @@ local function save()
   pexpireat(key, int(math.max(expires, now + 1)))
 end
 
--- Reads the bucket and rolls it to now; applies a refund (ARGV[8]). Returns the reply to
+-- Reads the bucket and rolls it to now; applies a refund. Returns the reply to
 -- give at once (a refund's, or an error), or nil for a charge to go on.
-local function load(ARGV)
+local function load()
   local s = hmget(key, 'w', 'c', 'p', 'lk', 'r')
   local refunds = s[5] or ''
   window = tonumber(s[1]) or 0
@@ -68,10 +68,6 @@ local function load(ARGV)
   e = math.min(math.max(now - window * W, 0), W - 1)
 
   if op == 'refund' then
-    local booked_at = tonumber(ARGV[8])
-    if not booked_at then
-      return redis.error_reply('ERR floodgate sliding_window: bad booked_at')
-    end
     if refund_seen(refunds, refund_id) then
       return {0, now}
     end

@@ -45,9 +45,9 @@ local function save()
   pexpireat(key, int(math.max(expires, now + 1)))
 end
 
--- Reads the bucket and leaks it to now; applies a refund (ARGV[8]). Returns the reply to
+-- Reads the bucket and leaks it to now; applies a refund. Returns the reply to
 -- give at once (a refund's, or an error), or nil for a charge to go on.
-local function load(ARGV)
+local function load()
   local g = gcd(W, L)
   U = W / g
   lambda = L / g
@@ -67,10 +67,6 @@ local function load(ARGV)
   end
 
   if op == 'refund' then
-    local booked_at = tonumber(ARGV[8])
-    if not booked_at then
-      return redis.error_reply('ERR floodgate token_bucket: bad booked_at')
-    end
     if refund_seen(refunds, refund_id) then
       return {0, now}
     end

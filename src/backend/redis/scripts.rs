@@ -60,11 +60,11 @@ macro_rules! algorithm {
         concat!(
             "(function()\nlocal ALGORITHM = '",
             $name,
-            "'\nlocal key, op, n, W, L, B, consume, lockout, refund_id\n",
+            "'\nlocal key, op, n, W, L, B, consume, lockout, refund_id, booked_at\n",
             include_str!(concat!("../../../lua/", $name, ".lua")),
             "return function(KEYS, ARGV)\n",
             include_str!("../../../lua/prelude.lua"),
-            "local answer = load(ARGV)\nif answer then\nreturn answer\nend\n",
+            "local answer = load()\nif answer then\nreturn answer\nend\n",
             include_str!("../../../lua/decide.lua"),
             "\nend\nend)()",
         )

@@ -325,12 +325,20 @@ fn bad_arguments_are_errors_not_decisions() {
                 .expect_err(&format!("{algorithm} accepted {argv:?}"));
             assert!(err.to_string().contains("floodgate"), "{err}");
         }
-        // A refund needs an id of decimal digits.
-        let refund = Argv::refund(1, p, 0, 424_242);
+        // A refund needs an id of decimal digits, and the instant of its booking.
+        let refund = Argv::refund(1, p, 777_777, 424_242);
         for id in [None, Some(""), Some("x1"), Some("123456789012345678901")] {
             let argv = spoiled(refund, "424242", id);
             let err = run(&mut conn, algorithm, &argv).expect_err("no id");
             assert!(err.to_string().contains("refund id"), "{algorithm}: {err}");
+        }
+        for at in [Some("x"), Some("")] {
+            let argv = spoiled(refund, "777777", at);
+            let err = run(&mut conn, algorithm, &argv).expect_err("no booked_at");
+            assert!(
+                err.to_string().contains("bad booked_at"),
+                "{algorithm}: {err}"
+            );
         }
     }
     let too_long = Argv::charge(1, policy(Algorithm::SlidingLog, 10_001, Unit::Second));

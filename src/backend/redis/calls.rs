@@ -740,6 +740,19 @@ mod tests {
     }
 
     #[test]
+    fn packed_words_are_little_endian_and_a_huge_cost_saturates() {
+        let mut words = PackedWords::default();
+        words.push(1).push(u64::MAX).push_signed(-2).push(1 << 53);
+        let numbers: Vec<i64> = words
+            .0
+            .chunks(8)
+            .map(|word| i64::from_le_bytes(word.try_into().unwrap()))
+            .collect();
+        assert_eq!(numbers, [1, i64::MAX, -2, 1 << 53]);
+        assert_eq!(&words.0[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
     fn a_batch_sends_each_policy_once_however_many_there_are() {
         let mut table = PolicyTable::default();
         let words = |i: u64| [1, 0, 0, 1000, i, i, 0, 0];

@@ -267,6 +267,13 @@ impl Group {
         }
     }
 
+    /// When the backend work of this group ends: `timeout` from now (the backend's own
+    /// bound), or the caller's deadline if that comes first.
+    pub fn deadline_within(&self, timeout: Duration) -> Instant {
+        let own = Instant::now() + timeout;
+        self.deadline.map_or(own, |caller| caller.min(own))
+    }
+
     /// Whether the request is rejected given `outcomes` of its items (in order).
     pub fn rejects(&self, outcomes: &[Outcome]) -> bool {
         if self.admit {

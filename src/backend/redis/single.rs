@@ -521,10 +521,7 @@ impl Backend for RedisBackend {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let deadline = Instant::now() + self.node.options.timeout;
-        let deadline = group
-            .deadline
-            .map_or(deadline, |caller| caller.min(deadline));
+        let deadline = group.deadline_within(self.node.options.timeout);
         let group = GroupWords::new(group);
         self.lane.decide(group, deadline).await?.ok_or_else(|| {
             BackendError::failed(

@@ -89,8 +89,11 @@ struct Cluster {
     refreshing: AtomicBool,
 }
 
-/// How the charges of a request spread over several masters (or not mapped) are made.
+/// How the charges of a request are made.
 enum Plan {
+    /// In one atomic call through the batcher of the one master (of the slot map it was read
+    /// from) that holds every bucket.
+    OneMaster(Arc<Topology>, usize),
     /// Through the batchers of the masters (`owners`, one per item, of the slot map they were
     /// read from), independent charges per master.
     ByNode(Arc<Topology>, Vec<usize>),
@@ -274,34 +277,23 @@ impl Cluster {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let deadline = Instant::now() + self.options.timeout;
-        let deadline = group
-            .deadline
-            .map_or(deadline, |caller| caller.min(deadline));
-        let mut plan = Plan::Each;
-        if self.scripting == Scripting::Functions {
-            let topology = Arc::clone(&self.topology.read());
-            plan = match self.owners(&topology, group) {
-                Some(owners) if owners.iter().all(|&owner| owner == owners[0]) => {
-                    let lane = &topology.lanes[owners[0]].lane;
-                    match lane.decide(GroupWords::new(group), deadline).await {
-                        Ok(Some(outcomes)) => return Ok(outcomes),
-                        Err(error) => return Err(self.lane_failed(error)),
-                        // A key the master no longer holds (or of another type): nothing of
-                        // it stands, and it goes again one key per call.
-                        Ok(None) => {
-                            self.refresh_soon();
-                            Plan::Each
-                        }
+        let deadline = group.deadline_within(self.options.timeout);
+        let plan = match self.plan(group) {
+            Plan::OneMaster(topology, master) => {
+                let lane = &topology.lanes[master].lane;
+                match lane.decide(GroupWords::new(group), deadline).await {
+                    Ok(Some(outcomes)) => return Ok(outcomes),
+                    Err(error) => return Err(self.lane_failed(error)),
+                    // A key the master no longer holds (or of another type): nothing of it
+                    // stands, and it goes again one key per call.
+                    Ok(None) => {
+                        self.refresh_soon();
+                        Plan::Each
                     }
                 }
-                Some(owners) => Plan::ByNode(topology, owners),
-                None => {
-                    self.refresh_soon();
-                    Plan::Each
-                }
-            };
-        }
+            }
+            plan => plan,
+        };
         let (reply, answer) = tokio::sync::oneshot::channel();
         let cluster = Arc::clone(self);
         let group = group.clone();
@@ -323,12 +315,17 @@ impl Cluster {
         })
     }
 
-    /// The master of each of `group`'s buckets in `topology`, or `None` when the slot map does
-    /// not cover one of them.
-    fn owners(&self, topology: &Topology, group: &Group) -> Option<Vec<usize>> {
+    /// How `group` (not empty) is charged: by the masters that hold its buckets with the
+    /// library, else one call per item (also when the slot map does not cover a bucket,
+    /// which asks for the map again).
+    fn plan(self: &Arc<Self>, group: &Group) -> Plan {
+        if self.scripting != Scripting::Functions {
+            return Plan::Each;
+        }
+        let topology = Arc::clone(&self.topology.read());
         let prefix = &self.options.key_prefix;
         let mut key = String::new();
-        group
+        let owners: Option<Vec<usize>> = group
             .items
             .iter()
             .map(|item| {
@@ -336,7 +333,17 @@ impl Cluster {
                 item.charge.bucket.write_redis_key(prefix, &mut key);
                 topology.slots.owner(slot_of(key.as_bytes()))
             })
-            .collect()
+            .collect();
+        match owners {
+            Some(owners) if owners.iter().all(|&owner| owner == owners[0]) => {
+                Plan::OneMaster(topology, owners[0])
+            }
+            Some(owners) => Plan::ByNode(topology, owners),
+            None => {
+                self.refresh_soon();
+                Plan::Each
+            }
+        }
     }
 
     /// A lane's error, after asking for the slot map again unless the error says only that
@@ -362,7 +369,8 @@ impl Cluster {
                 self.charge_by_node(&topology, group, &owners, deadline)
                     .await
             }
-            Plan::Each => {
+            // `decide` tries a one-master group itself; what it hands on goes per item.
+            Plan::OneMaster(..) | Plan::Each => {
                 let items: Vec<&Item> = group.items.iter().collect();
                 self.charge_each(&items, deadline).await
             }

@@ -241,9 +241,9 @@ impl GroupWords {
     }
 
     /// One command deciding every one of `groups`, in order, on keys under `prefix`:
-    /// `EVALSHA sha numkeys keys... G P policies... groups...` (or `EVAL` with the source,
-    /// or `FCALL` of the batch function). Arguments are written straight into the command
-    /// buffer.
+    /// `EVALSHA sha numkeys keys... words` (or `EVAL` with the source, or `FCALL` of the
+    /// batch function; `words` as in `append`). Arguments are written straight into the
+    /// command buffer.
     pub(crate) fn command(
         groups: &[&GroupWords],
         prefix: &str,
@@ -256,8 +256,8 @@ impl GroupWords {
     }
 
     /// The Redis Cluster form of [`GroupWords::command`]: `FCALL <library>_batch_slots 0
-    /// nkeys keys... G P policies... groups...`, the keys in ARGV so that they may lie in
-    /// several slots of the node that runs it.
+    /// nkeys keys... words`, the keys in ARGV so that they may lie in several slots of the
+    /// node that runs it.
     pub(crate) fn command_across_slots(
         groups: &[&GroupWords],
         prefix: &str,

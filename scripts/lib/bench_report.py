@@ -35,9 +35,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import (LOOPBACK, Floodgate, Harness, RedisCluster, RedisNode, log,  # noqa: E402
-                     process_cpu_seconds, redis_command_calls, redis_cpu_seconds, resp,
-                     run_bench)
+from harness import (LOOPBACK, Floodgate, Harness, RedisCluster, RedisNode,  # noqa: E402
+                     encode_command, log, process_cpu_seconds, read_reply, redis_command_calls,
+                     redis_cpu_seconds, resp, run_bench)
 
 FULL = {"in_flight": [16, 64, 512], "keys": [1, 10_000, 1_000_000], "descriptors": [1, 5]}
 QUICK = {"in_flight": [16, 64], "keys": [10_000], "descriptors": [1, 5]}
@@ -220,50 +220,26 @@ def replay_once(call, port, tag, requests):
         for i in positions:
             bucket = rng.randrange(10_000)
             args[i] = (f"fg:{{{tag}}}:{bucket}" if tag else f"fg:{{{bucket}}}").encode()
-        return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+        return encode_command(args)
 
     payload = b"".join(command() for _ in range(requests))
     with socket.create_connection((LOOPBACK, port), timeout=30) as conn:
         writer = threading.Thread(target=conn.sendall, args=(payload,))
         started = time.monotonic()
         writer.start()
-        answered, buffer, failed = 0, b"", False
-        while answered < requests:
-            chunk = conn.recv(1 << 20)
-            if not chunk:
-                break
-            buffer += chunk
-            answered, buffer, failed = count_replies(buffer, answered, failed)
+        reader = conn.makefile("rb", buffering=1 << 20)
+        failed = 0
+        for _ in range(requests):
+            try:
+                read_reply(reader)
+            except RuntimeError:
+                failed += 1
         elapsed = time.monotonic() - started
         writer.join()
-    if failed or answered < requests:
-        log(f"replay failed: {answered} of {requests} answered, errors: {failed}")
+    if failed:
+        log(f"replay failed: {failed} of {requests} calls answered an error")
         return None
     return requests / elapsed
-
-
-def count_replies(buffer, answered, failed):
-    """Consumes the whole replies at the start of `buffer` (bulk strings, integers, errors):
-    the replies counted so far, what is left, and whether any was an error."""
-    at = 0
-    while True:
-        end = buffer.find(b"\r\n", at)
-        if end < 0:
-            break
-        kind = buffer[at:at + 1]
-        if kind == b"$":
-            size = int(buffer[at + 1:end])
-            if size >= 0:
-                if len(buffer) < end + 2 + size + 2:
-                    break
-                end += size + 2
-        elif kind == b"-":
-            failed = True
-        elif kind != b":":
-            raise RuntimeError(f"unexpected reply: {buffer[at:end][:80]!r}")
-        at = end + 2
-        answered += 1
-    return answered, buffer[at:], failed
 
 
 def measure(binary, floodgate, masters, run, seconds, harness, generator_cpus):

@@ -62,17 +62,23 @@ def free_port(bus=False):
 def resp(port, *args, timeout=2.0):
     """Sends one command over RESP and returns the reply decoded (str, int, list, None);
     error replies raise RuntimeError. Independent of redis-cli for speed."""
-    payload = f"*{len(args)}\r\n".encode()
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as conn:
+        conn.sendall(encode_command(args))
+        reader = conn.makefile("rb")
+        return read_reply(reader)
+
+
+def encode_command(args):
+    """One command in RESP: each argument as bytes (str and numbers are encoded)."""
+    payload = b"*%d\r\n" % len(args)
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         payload += b"$%d\r\n%s\r\n" % (len(data), data)
-    with socket.create_connection((LOOPBACK, port), timeout=timeout) as conn:
-        conn.sendall(payload)
-        reader = conn.makefile("rb")
-        return _read_reply(reader)
+    return payload
 
 
-def _read_reply(reader):
+def read_reply(reader):
+    """The next RESP reply from `reader` (a binary file), decoded as `resp` returns it."""
     line = reader.readline()
     if not line:
         raise RuntimeError("connection closed")
@@ -91,7 +97,7 @@ def _read_reply(reader):
         return data.decode(errors="replace")
     if kind == b"*":
         size = int(rest)
-        return None if size < 0 else [_read_reply(reader) for _ in range(size)]
+        return None if size < 0 else [read_reply(reader) for _ in range(size)]
     raise RuntimeError(f"unexpected reply {line!r}")
 
 

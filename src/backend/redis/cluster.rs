@@ -94,6 +94,12 @@ enum Plan {
     /// In one atomic call through the batcher of the one master (of the slot map it was read
     /// from) that holds every bucket.
     OneMaster(Arc<Topology>, usize),
+    /// Apart, then settled: no one master decides the request atomically.
+    Spread(Spread),
+}
+
+/// How the charges of a request that no one master decides atomically are made.
+enum Spread {
     /// Through the batchers of the masters (`owners`, one per item, of the slot map they were
     /// read from), independent charges per master.
     ByNode(Arc<Topology>, Vec<usize>),
@@ -278,7 +284,7 @@ impl Cluster {
             return Ok(Vec::new());
         }
         let deadline = group.deadline_within(self.options.timeout);
-        let plan = match self.plan(group) {
+        let spread = match self.plan(group) {
             Plan::OneMaster(topology, master) => {
                 let lane = &topology.lanes[master].lane;
                 match lane.decide(GroupWords::new(group), deadline).await {
@@ -288,17 +294,17 @@ impl Cluster {
                     // stands, and it goes again one key per call.
                     Ok(None) => {
                         self.refresh_soon();
-                        Plan::Each
+                        Spread::Each
                     }
                 }
             }
-            plan => plan,
+            Plan::Spread(spread) => spread,
         };
         let (reply, answer) = tokio::sync::oneshot::channel();
         let cluster = Arc::clone(self);
         let group = group.clone();
         tokio::spawn(async move {
-            let (result, kept) = cluster.charge_and_settle(&group, plan, deadline).await;
+            let (result, kept) = cluster.charge_and_settle(&group, spread, deadline).await;
             if let Err(Ok(_)) = reply.send(result)
                 && !group.keep_on_failure
                 && !kept.is_empty()
@@ -320,7 +326,7 @@ impl Cluster {
     /// which asks for the map again).
     fn plan(self: &Arc<Self>, group: &Group) -> Plan {
         if self.scripting != Scripting::Functions {
-            return Plan::Each;
+            return Plan::Spread(Spread::Each);
         }
         let topology = Arc::clone(&self.topology.read());
         let prefix = &self.options.key_prefix;
@@ -338,10 +344,10 @@ impl Cluster {
             Some(owners) if owners.iter().all(|&owner| owner == owners[0]) => {
                 Plan::OneMaster(topology, owners[0])
             }
-            Some(owners) => Plan::ByNode(topology, owners),
+            Some(owners) => Plan::Spread(Spread::ByNode(topology, owners)),
             None => {
                 self.refresh_soon();
-                Plan::Each
+                Plan::Spread(Spread::Each)
             }
         }
     }
@@ -355,22 +361,21 @@ impl Cluster {
         error
     }
 
-    /// Charges every item as `plan` says, then undoes the undoable bookings of a rejected
+    /// Charges every item as `spread` says, then undoes the undoable bookings of a rejected
     /// request, or of a failed one unless `keep_on_failure`. Also returns the refunds of the
     /// bookings that stand, should the caller be gone.
     async fn charge_and_settle(
         self: &Arc<Self>,
         group: &Group,
-        plan: Plan,
+        spread: Spread,
         deadline: Instant,
     ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
-        let results = match plan {
-            Plan::ByNode(topology, owners) => {
+        let results = match spread {
+            Spread::ByNode(topology, owners) => {
                 self.charge_by_node(&topology, group, &owners, deadline)
                     .await
             }
-            // `decide` tries a one-master group itself; what it hands on goes per item.
-            Plan::OneMaster(..) | Plan::Each => {
+            Spread::Each => {
                 let items: Vec<&Item> = group.items.iter().collect();
                 self.charge_each(&items, deadline).await
             }

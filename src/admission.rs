@@ -4,11 +4,13 @@
 //!
 //! Three checks run when a call reaches the handler, before it is decoded into a request:
 //! 1. **Deadline.** Before the handler runs, a call waits in the runtime's run queue (its
-//!    sojourn, from when the connection took the stream). Before that it waited about as
-//!    long in socket buffers, for the connection task behind the same queue, which this
-//!    process cannot see; and its answer waits about as long again on the way out. A call
-//!    whose `grpc-timeout` leaves less than twice its sojourn cannot be answered in time, so
-//!    it is answered now. Only calls that cannot make their deadline are shed this way.
+//!    sojourn, from when the connection took the stream). Before that it waited in the
+//!    socket's receive buffer, for the connection task behind the same queue: on TCP the
+//!    kernel's receive stamp says how long ([`ReceiveClock`]), and the caller's
+//!    deadline counts from then; elsewhere that wait is taken to be about the sojourn. Its
+//!    answer takes about as long again on the way out. A call whose `grpc-timeout` leaves
+//!    less than that cannot be answered in time, so it is answered now. Only calls that
+//!    cannot make their deadline are shed this way.
 //! 2. **Queue (CoDel).** For calls without a deadline: once the sojourn has stayed above the
 //!    target for a whole interval, calls that waited longer than the target are shed until
 //!    it drops below again. A short burst is absorbed, a standing queue is not.
@@ -29,7 +31,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
@@ -77,25 +79,95 @@ impl ShedReason {
     }
 }
 
+/// Longest wait believed: a larger one means the wall clock stepped between the kernel's
+/// stamp and the read, and says nothing about the call.
+const LONGEST_WAIT: Duration = Duration::from_secs(10);
+
+/// When the bytes of a connection's latest read reached the host (the kernel's receive stamp,
+/// `listener::TimestampedTcp`), shared by the connection's reads and its calls.
+#[derive(Debug, Default)]
+pub struct ReceiveClock {
+    /// Nanoseconds since the Unix epoch (the kernel stamps with the wall clock); 0 = unknown.
+    latest_read_ns: AtomicU64,
+}
+
+impl ReceiveClock {
+    /// How long the bytes of the latest read had waited before `now` (wall clock), or `None`
+    /// when no stamp is known.
+    pub fn waited(&self, now: SystemTime) -> Option<Duration> {
+        let stamped = self.latest_read_ns.load(Ordering::Relaxed);
+        if stamped == 0 {
+            return None;
+        }
+        let now = u64::try_from(now.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_nanos())
+            .unwrap_or(u64::MAX);
+        let waited = Duration::from_nanos(now.saturating_sub(stamped));
+        (waited <= LONGEST_WAIT).then_some(waited)
+    }
+
+    /// Records a read whose newest bytes arrived `since_epoch` after the Unix epoch, or that
+    /// came without a stamp (`None`): the kernel turns stamping on for the whole host a
+    /// moment after a socket asks, so the first packets can come unstamped, and an earlier
+    /// read's stamp would then make every later call look ever older.
+    pub fn stamp(&self, since_epoch: Option<Duration>) {
+        let nanos = since_epoch.map_or(0, |since_epoch| {
+            u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX)
+        });
+        self.latest_read_ns.store(nanos, Ordering::Relaxed);
+    }
+}
+
 /// Stamped on every gRPC request by the connection that took it ([`Stamped`]): when the
 /// stream arrived and the load of its connection.
 #[derive(Clone)]
 pub struct Arrival {
     /// When the connection handed the stream to the service.
     pub at: Instant,
+    /// How long the bytes the connection read last had waited in the kernel before it read
+    /// them; `None` where the kernel does not say (unix sockets).
+    pub unread: Option<Duration>,
     /// Descriptors in flight on the stream's connection.
     pub connection: Arc<ConnectionLoad>,
 }
 
+impl Arrival {
+    /// When the call reached this host, as far as known: `at`, less its wait unread.
+    pub fn received(&self) -> Instant {
+        self.unread
+            .and_then(|unread| self.at.checked_sub(unread))
+            .unwrap_or(self.at)
+    }
+}
+
 /// What one connection carries: descriptors in flight (for the fair share) and how many
-/// calls it has sent (for the listener, which closes connections that never send one).
+/// calls it has sent (for the listener, which closes connections that never send one); and
+/// how long what it reads waited unread, where the kernel says.
 #[derive(Debug, Default)]
 pub struct ConnectionLoad {
     in_flight: AtomicU64,
     calls: AtomicU64,
+    received: Option<Arc<ReceiveClock>>,
 }
 
 impl ConnectionLoad {
+    /// The load of a connection whose reads keep `received`.
+    pub fn receiving(received: Option<Arc<ReceiveClock>>) -> ConnectionLoad {
+        ConnectionLoad {
+            received,
+            ..ConnectionLoad::default()
+        }
+    }
+
+    /// How long the bytes of the connection's latest read had waited unread.
+    fn unread(&self) -> Option<Duration> {
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the kernel stamps received bytes with the wall clock"
+        )]
+        let now = SystemTime::now();
+        self.received.as_ref()?.waited(now)
+    }
+
     /// Calls the connection has sent so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
@@ -133,6 +205,7 @@ where
         self.connection.calls.fetch_add(1, Ordering::Relaxed);
         request.extensions_mut().insert(Arrival {
             at: Instant::now(),
+            unread: self.connection.unread(),
             connection: Arc::clone(&self.connection),
         });
         self.inner.call(request)
@@ -189,7 +262,7 @@ impl Admission {
 
     /// Admits a call of `units` descriptors, or says why it must be answered at once.
     /// `arrival` is the connection's stamp (absent for calls that did not come through a
-    /// stamped connection), `deadline` the caller's.
+    /// stamped connection), `deadline` the caller's, counted from `Arrival::received`.
     ///
     /// # Errors
     /// The reason the call is shed.
@@ -203,8 +276,15 @@ impl Admission {
         let sojourn = arrival.map_or(Duration::ZERO, |arrival| {
             now.saturating_duration_since(arrival.at)
         });
+        // The way out takes about as long as the way in: the wait unread and the sojourn,
+        // the wait unread taken to be about the sojourn where the kernel does not say.
+        let still_to_wait = arrival.map_or(Duration::ZERO, |arrival| {
+            sojourn + arrival.unread.unwrap_or(sojourn)
+        });
         match deadline {
-            Some(deadline) if deadline <= now + sojourn * 2 => return Err(ShedReason::Deadline),
+            Some(deadline) if deadline <= now + still_to_wait => {
+                return Err(ShedReason::Deadline);
+            }
             Some(deadline) if !self.queue_in_time(units, now, deadline) => {
                 return Err(ShedReason::Backlog);
             }
@@ -305,6 +385,7 @@ mod tests {
     fn arrival(at: Instant, connection: &Arc<ConnectionLoad>) -> Arrival {
         Arrival {
             at,
+            unread: None,
             connection: Arc::clone(connection),
         }
     }
@@ -360,6 +441,26 @@ mod tests {
         let waited = arrival(now - Duration::from_millis(3), &connection);
         let deadline = waited.at + Duration::from_millis(10);
         assert!(admission.admit(1, Some(&waited), Some(deadline)).is_ok());
+
+        // Where the kernel says how long the call waited unread, that wait counts instead:
+        // 5 ms unread and 3 ms taken leave 2 ms, less than the 8 ms of a way out as long.
+        let measured = Arrival {
+            unread: Some(Duration::from_millis(5)),
+            ..arrival(now - Duration::from_millis(3), &connection)
+        };
+        assert_eq!(measured.received(), now - Duration::from_millis(8));
+        let deadline = measured.received() + Duration::from_millis(10);
+        assert_eq!(
+            admission.admit(1, Some(&measured), Some(deadline)).err(),
+            Some(ShedReason::Deadline)
+        );
+        // 1 ms unread: 6 ms left, more than the 4 ms out.
+        let measured = Arrival {
+            unread: Some(Duration::from_millis(1)),
+            ..measured
+        };
+        let deadline = measured.received() + Duration::from_millis(10);
+        assert!(admission.admit(1, Some(&measured), Some(deadline)).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
@@ -410,5 +511,20 @@ mod tests {
         drop(held);
         assert_eq!(admission.in_flight.load(Ordering::Relaxed), 0);
         assert_eq!(admission.active_connections.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_stepped_clock_or_a_read_without_a_stamp_says_nothing() {
+        let clock = ReceiveClock::default();
+        clock.stamp(Some(Duration::from_secs(1_000)));
+        let later = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000) + Duration::from_millis(3);
+        assert_eq!(clock.waited(later), Some(Duration::from_millis(3)));
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000);
+        assert_eq!(clock.waited(far), None);
+        let before = SystemTime::UNIX_EPOCH + Duration::from_secs(999);
+        assert_eq!(clock.waited(before), Some(Duration::ZERO));
+        // A read without a stamp forgets the last one.
+        clock.stamp(None);
+        assert_eq!(clock.waited(later), None);
     }
 }

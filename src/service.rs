@@ -197,8 +197,9 @@ impl RateLimitService for RlsService {
         request: GrpcRequest<RateLimitRequest>,
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
         let arrival = request.extensions().get::<Arrival>();
-        // The caller's clock started when the stream arrived, not when this task first ran.
-        let arrived = arrival.map_or_else(Instant::now, |arrival| arrival.at);
+        // The caller's clock started before the call reached this host, not when this task
+        // first ran.
+        let arrived = arrival.map_or_else(Instant::now, Arrival::received);
         let timeout = request
             .metadata()
             .get("grpc-timeout")

@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, descriptor, request, sample, scrape};
+use common::{Binary, TestServer, descriptor, request, sample, scrape};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::limiter::FailureMode;
 use prost::Message;
 use tonic::Code;
@@ -107,6 +108,44 @@ async fn calls_within_their_deadline_are_served_and_shedding_can_be_turned_off()
     // Without shedding the expired call is decided (and booked), then refused as late.
     assert_eq!(expired_call(&server).await, Err(Code::DeadlineExceeded));
     server.stop().await;
+}
+
+/// A call that waited unread in the kernel counts that wait: sent with a 400 ms deadline to
+/// a replica stopped (SIGSTOP) for 250 ms, it is read with 110 ms of its budget left, less
+/// than a way out as long as its way in, so it is shed at once, though it reached the
+/// handler at once. Sent to the running replica, the same call is served.
+#[tokio::test]
+async fn a_call_that_waited_unread_in_the_kernel_is_shed_by_that_wait() {
+    let server = Binary::start(&["--config", "config", "--health-grace-ms", "0"], &[]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    let call = || {
+        let mut call = tonic::Request::new(request(
+            "api",
+            vec![descriptor(&[("remote_address", "9.9.9.9")])],
+        ));
+        call.set_timeout(Duration::from_millis(400));
+        call
+    };
+    // Served; the kernel stamps received packets from a moment after the first socket asks.
+    client.should_rate_limit(call()).await.expect("served");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.should_rate_limit(call()).await.expect("served");
+
+    server.signal("STOP");
+    let mut stopped = client.clone();
+    let answer = tokio::spawn(async move { stopped.should_rate_limit(call()).await });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    server.signal("CONT");
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.map(|_| ()).unwrap_err().code(), Code::Unavailable);
+    let metrics = scrape(server.http).await;
+    let shed = sample(&metrics, "floodgate_shed_total{reason=\"deadline\"}");
+    assert_eq!(shed, Some(1.0), "{metrics}");
 }
 
 /// One raw HTTP/2 frame.

@@ -22,18 +22,20 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::admission::{ConnectionLoad, Stamped};
+use crate::admission::{ConnectionLoad, ReceiveClock, Stamped};
 use crate::tls::ReloadingAcceptor;
 
 mod coalesce;
+mod received;
 mod unix;
 
 pub use coalesce::Coalesced;
+pub use received::TimestampedTcp;
 pub use unix::{SOCKET_MODE, UnixSocketListener};
 
 /// Default largest decoded gRPC message: far above any real rate-limit request (a few
@@ -116,16 +118,25 @@ pub trait Listen: Send + 'static {
 
     /// The next connection, with the peer described for the log.
     fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+
+    /// Where `stream` keeps how long what it reads waited unread, if it knows.
+    fn receive_clock(_stream: &Self::Stream) -> Option<Arc<ReceiveClock>> {
+        None
+    }
 }
 
 impl Listen for TcpListener {
-    type Stream = TcpStream;
+    type Stream = TimestampedTcp;
 
-    async fn accept(&self) -> std::io::Result<(TcpStream, String)> {
+    async fn accept(&self) -> std::io::Result<(TimestampedTcp, String)> {
         let (tcp, peer) = TcpListener::accept(self).await?;
         // Small unary calls: Nagle's delay would dominate their latency.
         let _ = tcp.set_nodelay(true);
-        Ok((tcp, peer.to_string()))
+        Ok((TimestampedTcp::new(tcp), peer.to_string()))
+    }
+
+    fn receive_clock(stream: &TimestampedTcp) -> Option<Arc<ReceiveClock>> {
+        Some(stream.clock())
     }
 }
 
@@ -169,7 +180,7 @@ pub async fn serve<L: Listen>(
                     continue;
                 }
                 refusing = false;
-                let registered = open.register();
+                let registered = open.register(L::receive_clock(&stream));
                 let connection = Connection {
                     routes: routes.clone(),
                     limits: Arc::clone(&limits),
@@ -237,9 +248,9 @@ struct Registered {
 }
 
 impl Open {
-    fn register(self: &Arc<Open>) -> Registration {
+    fn register(self: &Arc<Open>, received: Option<Arc<ReceiveClock>>) -> Registration {
         let registered = Registered {
-            load: Arc::default(),
+            load: Arc::new(ConnectionLoad::receiving(received)),
             evict: Arc::default(),
         };
         let mut entries = self.entries.lock();

@@ -51,7 +51,6 @@ impl TimestampedTcp {
     }
 }
 
-#[cfg(target_os = "linux")]
 impl AsyncRead for TimestampedTcp {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -59,15 +58,30 @@ impl AsyncRead for TimestampedTcp {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        #[cfg(target_os = "linux")]
+        return this.poll_read_stamped(cx, buf);
+        #[cfg(not(target_os = "linux"))]
+        return Pin::new(&mut this.tcp).poll_read(cx, buf);
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl TimestampedTcp {
+    /// One `recvmsg` once the socket is readable, keeping its stamp (or its lack of one).
+    fn poll_read_stamped(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         loop {
-            std::task::ready!(this.tcp.poll_read_ready(cx))?;
+            std::task::ready!(self.tcp.poll_read_ready(cx))?;
             let into = buf.initialize_unfilled();
-            let received = this.tcp.try_io(tokio::io::Interest::READABLE, || {
-                stamps::receive(&this.tcp, into, &mut this.control)
+            let received = self.tcp.try_io(tokio::io::Interest::READABLE, || {
+                stamps::receive(&self.tcp, into, &mut self.control)
             });
             match received {
                 Ok((read, stamp)) => {
-                    this.clock.stamp(stamp);
+                    self.clock.stamp(stamp);
                     buf.advance(read);
                     return Poll::Ready(Ok(()));
                 }
@@ -76,17 +90,6 @@ impl AsyncRead for TimestampedTcp {
                 Err(error) => return Poll::Ready(Err(error)),
             }
         }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-impl AsyncRead for TimestampedTcp {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
     }
 }
 

@@ -267,6 +267,7 @@ def measure(binary, floodgate, masters, run, seconds, harness, generator_cpus):
         "requests_per_s": summary["requests_per_s"],
         "latency_us": summary["latency_us"],
         "errors": summary["errors"],
+        "errors_by_code": summary["errors_by_code"],
         "floodgate_cpu_us_per_decision": round(fg_cpu * 1e6 / decisions, 2),
         "redis_cpu_us_per_decision": round(redis_cpu * 1e6 / decisions, 2) if masters else None,
         "redis_script_calls_per_decision": round(

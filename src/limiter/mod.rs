@@ -429,7 +429,7 @@ impl Limiter {
                 prior,
                 admit: self.options.shadow_mode,
                 keep_on_failure: self.options.failure_mode == FailureMode::Allow,
-                deadline: Some(budget_end),
+                deadline,
             };
             let asked_at = Instant::now();
             match self.backend_call(budget_end, &group).await {

@@ -287,7 +287,10 @@ impl Cluster {
         let spread = match self.plan(group) {
             Plan::OneMaster(topology, master) => {
                 let lane = &topology.lanes[master].lane;
-                match lane.decide(GroupWords::new(group), deadline).await {
+                match lane
+                    .decide(GroupWords::new(group), deadline, group.deadline)
+                    .await
+                {
                     Ok(Some(outcomes)) => return Ok(outcomes),
                     Err(error) => return Err(self.lane_failed(error)),
                     // A key the master no longer holds (or of another type): nothing of it
@@ -420,7 +423,9 @@ impl Cluster {
         }
         let replies = join_all(parts.iter().map(|(node, indexes)| {
             let words = GroupWords::independent(indexes.iter().map(|&i| &group.items[i]));
-            topology.lanes[*node].lane.decide(words, deadline)
+            topology.lanes[*node]
+                .lane
+                .decide(words, deadline, group.deadline)
         }))
         .await;
         let mut results: Vec<Option<Result<Outcome, BackendError>>> = vec![None; owners.len()];

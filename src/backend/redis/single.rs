@@ -522,12 +522,16 @@ impl Backend for RedisBackend {
             return Ok(Vec::new());
         }
         let deadline = group.deadline_within(self.node.options.timeout);
+        let caller = group.deadline;
         let group = GroupWords::new(group);
-        self.lane.decide(group, deadline).await?.ok_or_else(|| {
-            BackendError::failed(
-                "a charge of this request failed in Redis (a key of another type?)",
-            )
-        })
+        self.lane
+            .decide(group, deadline, caller)
+            .await?
+            .ok_or_else(|| {
+                BackendError::failed(
+                    "a charge of this request failed in Redis (a key of another type?)",
+                )
+            })
     }
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {

@@ -528,27 +528,12 @@ mod tests {
         assert_eq!(arguments(&batch).last().unwrap(), b"4102444812350");
     }
 
-    /// The arguments of a command as they go on the wire (RESP: `*n`, then `$len` and the
-    /// bytes of each).
+    /// The arguments of a command, as bytes.
     fn arguments(cmd: &Cmd) -> Vec<Vec<u8>> {
-        let packed = cmd.get_packed_command();
-        let mut at = 0;
-        let number = |at: &mut usize| {
-            let end = *at + packed[*at..].windows(2).position(|w| w == b"\r\n").unwrap();
-            let value = std::str::from_utf8(&packed[*at + 1..end])
-                .unwrap()
-                .parse()
-                .unwrap();
-            *at = end + 2;
-            value
-        };
-        let count: usize = number(&mut at);
-        (0..count)
-            .map(|_| {
-                let len: usize = number(&mut at);
-                let argument = packed[at..at + len].to_vec();
-                at += len + 2;
-                argument
+        cmd.args_iter()
+            .map(|argument| match argument {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => panic!("a script call has only plain arguments"),
             })
             .collect()
     }

@@ -93,14 +93,20 @@ pub struct ReceiveClock {
 
 impl ReceiveClock {
     /// How long the bytes of the latest read had waited before `now` (wall clock), or `None`
-    /// when no stamp is known.
-    pub fn waited(&self, now: SystemTime) -> Option<Duration> {
+    /// when no stamp is known. The clock is read only when a stamp is known, so a
+    /// connection without stamps costs its calls no clock read.
+    pub fn waited(&self, now: impl FnOnce() -> SystemTime) -> Option<Duration> {
         let stamped = self.latest_read_ns.load(Ordering::Relaxed);
         if stamped == 0 {
             return None;
         }
-        let now = u64::try_from(now.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_nanos())
-            .unwrap_or(u64::MAX);
+        let now = u64::try_from(
+            now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .ok()?
+                .as_nanos(),
+        )
+        .unwrap_or(u64::MAX);
         let waited = Duration::from_nanos(now.saturating_sub(stamped));
         (waited <= LONGEST_WAIT).then_some(waited)
     }
@@ -164,8 +170,7 @@ impl ConnectionLoad {
             clippy::disallowed_methods,
             reason = "the kernel stamps received bytes with the wall clock"
         )]
-        let now = SystemTime::now();
-        self.received.as_ref()?.waited(now)
+        self.received.as_ref()?.waited(SystemTime::now)
     }
 
     /// Calls the connection has sent so far.
@@ -518,13 +523,13 @@ mod tests {
         let clock = ReceiveClock::default();
         clock.stamp(Some(Duration::from_secs(1_000)));
         let later = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000) + Duration::from_millis(3);
-        assert_eq!(clock.waited(later), Some(Duration::from_millis(3)));
+        assert_eq!(clock.waited(|| later), Some(Duration::from_millis(3)));
         let far = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000);
-        assert_eq!(clock.waited(far), None);
+        assert_eq!(clock.waited(|| far), None);
         let before = SystemTime::UNIX_EPOCH + Duration::from_secs(999);
-        assert_eq!(clock.waited(before), Some(Duration::ZERO));
+        assert_eq!(clock.waited(|| before), Some(Duration::ZERO));
         // A read without a stamp forgets the last one.
         clock.stamp(None);
-        assert_eq!(clock.waited(later), None);
+        assert_eq!(clock.waited(|| later), None);
     }
 }

@@ -197,14 +197,14 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         let mut server = TimestampedTcp::new(server);
         let clock = server.clock();
-        assert_eq!(clock.waited(wall_clock()), None, "nothing read yet");
+        assert_eq!(clock.waited(wall_clock), None, "nothing read yet");
         let mut buf = [0u8; 64];
         // The kernel turns stamping on a moment after the socket asks for it.
         for _ in 0..200 {
             client.write_all(b"warm").await.unwrap();
             let read = server.read(&mut buf).await.unwrap();
             assert_eq!(&buf[..read], b"warm");
-            if clock.waited(wall_clock()).is_some() {
+            if clock.waited(wall_clock).is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -216,7 +216,9 @@ mod tests {
         let read = server.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..read], b"first");
         let first_read_at = wall_clock();
-        let first = clock.waited(first_read_at).expect("the read was stamped");
+        let first = clock
+            .waited(|| first_read_at)
+            .expect("the read was stamped");
         assert!(first >= Duration::from_millis(50), "{first:?}");
 
         // A later read keeps the later stamp: sent at least 60 ms after the first bytes.
@@ -225,7 +227,7 @@ mod tests {
         assert_eq!(&buf[..read], b"second");
         let now = wall_clock();
         let first_now = first + now.duration_since(first_read_at).unwrap_or_default();
-        let second = clock.waited(now).unwrap();
+        let second = clock.waited(|| now).unwrap();
         assert!(
             second + Duration::from_millis(50) <= first_now,
             "{second:?} {first_now:?}"

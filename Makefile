@@ -1,9 +1,9 @@
 # Everything CI runs, one target each; `make ci` is the whole pipeline.
 CARGO ?= cargo
 
-.PHONY: ci fmt-check clippy test check-config deploy-check fuzz bench run
+.PHONY: ci fmt-check clippy test check-config deploy-check fuzz docs-check bench run
 
-ci: fmt-check clippy test check-config deploy-check fuzz
+ci: fmt-check clippy test check-config deploy-check fuzz docs-check
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -26,6 +26,10 @@ deploy-check:
 FUZZ_SECONDS ?= 45
 fuzz:
 	CARGO=$(CARGO) bash fuzz/run.sh $(FUZZ_SECONDS)
+
+# Every relative link and #anchor in README.md and docs/ resolves; README.md under 300 lines.
+docs-check:
+	python3 scripts/check-docs.py
 
 bench:
 	$(CARGO) bench --locked

@@ -144,6 +144,18 @@ pub struct Metrics {
     pub shed: Family<ReasonLabels, Counter>,
     /// StatsD lines not handed to the socket (server down, slow or unreachable).
     pub statsd_dropped: Counter,
+    /// Streams (`RST_STREAM`) and connections (`GOAWAY` with an error) the HTTP/2 layer
+    /// reset, by error code (`crate::listener` counts them as they are sent).
+    pub http2_resets: Family<Http2ResetLabels, Counter>,
+}
+
+/// Labels of the HTTP/2 reset counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Http2ResetLabels {
+    /// `stream` or `connection`.
+    pub kind: &'static str,
+    /// The HTTP/2 error code's name, e.g. `PROTOCOL_ERROR`, `REFUSED_STREAM`.
+    pub code: String,
 }
 
 /// Labels of the shed counter.
@@ -299,6 +311,7 @@ impl Metrics {
             ready: Gauge::default(),
             shed: Family::default(),
             statsd_dropped: Counter::default(),
+            http2_resets: Family::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -384,6 +397,11 @@ impl Metrics {
             "statsd_dropped",
             "StatsD lines not handed to the socket; counter deltas carry to the next flush",
             metrics.statsd_dropped.clone(),
+        );
+        fg.register(
+            "http2_resets",
+            "Streams and connections the HTTP/2 layer reset before their calls reached the service",
+            metrics.http2_resets.clone(),
         );
         Metrics {
             registry,

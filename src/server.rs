@@ -22,7 +22,7 @@ use crate::config::{self, ConfigErrors};
 use crate::headers::HeaderMode;
 use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions};
-use crate::listener::{self, GrpcLimits, UnixSocketListener};
+use crate::listener::{self, GrpcLimits, ResetCounter, UnixSocketListener};
 use crate::matcher::Matcher;
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::otel::TracingSettings;
@@ -299,13 +299,24 @@ impl Server {
             .as_ref()
             .map(|tls| tokio::spawn(Arc::clone(tls).watch(tls::RELOAD_INTERVAL)));
         let (tls, limits) = (self.tls.clone(), self.settings.grpc_limits.clone());
+        let resets = ResetCounter::new(self.limiter.metrics().http2_resets.clone());
         let mut grpc = match self.grpc_listener {
-            GrpcListener::Tcp(tcp) => {
-                tokio::spawn(listener::serve(tcp, routes, tls, limits, stop_rx_for_grpc))
-            }
-            GrpcListener::Unix(unix) => {
-                tokio::spawn(listener::serve(unix, routes, tls, limits, stop_rx_for_grpc))
-            }
+            GrpcListener::Tcp(tcp) => tokio::spawn(listener::serve(
+                tcp,
+                routes,
+                tls,
+                limits,
+                resets,
+                stop_rx_for_grpc,
+            )),
+            GrpcListener::Unix(unix) => tokio::spawn(listener::serve(
+                unix,
+                routes,
+                tls,
+                limits,
+                resets,
+                stop_rx_for_grpc,
+            )),
         };
         let admin = axum::serve(
             self.http_listener,

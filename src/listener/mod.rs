@@ -29,13 +29,16 @@ use tokio::time::Instant;
 
 use crate::admission::{ConnectionLoad, ReceiveClock, Stamped};
 use crate::tls::ReloadingAcceptor;
+use resets::ResetWatch;
 
 mod coalesce;
 mod received;
+mod resets;
 mod unix;
 
 pub use coalesce::Coalesced;
 pub use received::TimestampedTcp;
+pub use resets::ResetCounter;
 pub use unix::{SOCKET_MODE, UnixSocketListener};
 
 /// Default largest decoded gRPC message: far above any real rate-limit request (a few
@@ -148,6 +151,7 @@ pub async fn serve<L: Listen>(
     routes: tonic::service::Routes,
     tls: Option<Arc<ReloadingAcceptor>>,
     limits: GrpcLimits,
+    resets: ResetCounter,
     stop: watch::Receiver<bool>,
 ) {
     let mut stopping = stop.clone();
@@ -184,6 +188,7 @@ pub async fn serve<L: Listen>(
                 let connection = Connection {
                     routes: routes.clone(),
                     limits: Arc::clone(&limits),
+                    resets: resets.clone(),
                     stop: stop.clone(),
                     load: Arc::clone(&registered.load),
                     evicted: Arc::clone(&registered.evict),
@@ -293,6 +298,7 @@ impl Drop for Registration {
 struct Connection {
     routes: tonic::service::Routes,
     limits: Arc<GrpcLimits>,
+    resets: ResetCounter,
     stop: watch::Receiver<bool>,
     load: Arc<ConnectionLoad>,
     /// Notified when the connection is closed to make room (see `Open`).
@@ -361,7 +367,10 @@ impl Connection {
             ));
         let service =
             TowerToHyperService::new(Stamped::new(self.routes.clone(), Arc::clone(&self.load)));
-        let connection = builder.serve_connection(TokioIo::new(Coalesced::new(io)), service);
+        let connection = builder.serve_connection(
+            TokioIo::new(ResetWatch::new(Coalesced::new(io), self.resets.clone())),
+            service,
+        );
         tokio::pin!(connection);
         let age = limits.max_connection_age.map(jittered);
         let aged = sleep_or_never(age);

@@ -1700,15 +1700,26 @@ impl proto::Peer for Peer {
 
         // A request translated from HTTP/1 must not include the :authority
         // header
+        //
+        // floodgate patch: gRPC servers do not route on :authority, and real clients send
+        // values `http::uri::Authority` refuses (Istio cluster names with `|`, unix socket
+        // paths, the empty string). Such a request is served as if it had no :authority,
+        // instead of being reset; CONNECT, which needs one, is still refused.
         if let Some(authority) = pseudo.authority {
             let maybe_authority = uri::Authority::from_maybe_shared(authority.clone().into_inner());
-            parts.authority = Some(maybe_authority.or_else(|why| {
-                malformed!(
+            match maybe_authority {
+                Ok(authority) => parts.authority = Some(authority),
+                Err(why) if is_connect => malformed!(
                     "malformed headers: malformed authority ({:?}): {}",
                     authority,
                     why,
-                )
-            })?);
+                ),
+                Err(why) => tracing::debug!(
+                    "unparsable authority ignored ({:?}): {}",
+                    authority,
+                    why,
+                ),
+            }
         }
 
         // A :scheme is required, except CONNECT.

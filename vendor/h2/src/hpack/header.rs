@@ -68,7 +68,16 @@ impl Header {
         if name[0] == b':' {
             match &name[1..] {
                 b"authority" => {
-                    let value = BytesStr::try_from(value)?;
+                    // floodgate patch: a non-UTF-8 :authority would fail the whole
+                    // connection's header decoding. Keep it, with every non-ASCII byte as
+                    // `?`: the length (and so the HPACK table's size accounting) is unchanged.
+                    let value = BytesStr::try_from(value.clone()).or_else(|_| {
+                        let ascii: Vec<u8> = value
+                            .iter()
+                            .map(|&b| if b.is_ascii() { b } else { b'?' })
+                            .collect();
+                        BytesStr::try_from(Bytes::from(ascii))
+                    })?;
                     Ok(Header::Authority(value))
                 }
                 b"method" => {

@@ -1,9 +1,16 @@
 # Everything CI runs, one target each; `make ci` is the whole pipeline.
 CARGO ?= cargo
 
-.PHONY: ci fmt-check clippy test check-config deploy-check fuzz docs-check bench run
+.PHONY: ci clients fmt-check clippy test check-config deploy-check fuzz docs-check bench run
 
-ci: fmt-check clippy test check-config deploy-check fuzz docs-check
+ci: clients fmt-check clippy test check-config deploy-check fuzz docs-check
+
+# The third-party gRPC clients of tests/clients.rs: Python grpcio in a venv under target/,
+# Node grpc-js from tests/clients/package-lock.json.
+clients:
+	python3 -m venv target/clients/python
+	target/clients/python/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
+	npm ci --prefix tests/clients --no-audit --no-fund --loglevel=error
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

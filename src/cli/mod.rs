@@ -236,6 +236,10 @@ pub struct ServeArgs {
     /// spellings (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`).
     #[arg(long, env = "FLOODGATE_SHADOW_MODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub shadow_mode: bool,
+    /// Treat every rule as a `quota_mode` rule: a request is over limit only when every
+    /// limited descriptor in it is. Same spellings as --shadow-mode.
+    #[arg(long, env = "FLOODGATE_QUOTA_MODE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub quota_mode: bool,
     /// Log line format; the level comes from `RUST_LOG`.
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -452,6 +456,7 @@ impl ServeArgs {
                 backend_timeout: timeout,
                 failure_mode: self.failure_mode.into(),
                 shadow_mode: self.shadow_mode,
+                quota_mode: self.quota_mode,
                 local_cache_entries: self.local_cache_entries,
                 local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
             },

@@ -59,6 +59,9 @@ pub struct LimiterOptions {
     pub failure_mode: FailureMode,
     /// Global shadow mode: keep per-descriptor verdicts, force the overall code to OK.
     pub shadow_mode: bool,
+    /// Global quota mode: every rule weighs as a `quota_mode` rule, so a request is over
+    /// limit only when all its limited descriptors are (the reference's `QUOTA_MODE`).
+    pub quota_mode: bool,
     /// Capacity of the local over-limit cache; 0 disables it.
     pub local_cache_entries: usize,
     /// Longest time a local cache entry is trusted, so a refund or another replica's view
@@ -75,6 +78,7 @@ impl Default for LimiterOptions {
             backend_timeout: crate::backend::DEFAULT_BACKEND_TIMEOUT,
             failure_mode: FailureMode::Error,
             shadow_mode: false,
+            quota_mode: false,
             local_cache_entries: 0,
             local_cache_max_age: DEFAULT_LOCAL_CACHE_MAX_AGE,
         }
@@ -151,6 +155,8 @@ struct Limited {
     bucket: BucketKey,
     cost: u64,
     counters: Arc<RuleCounters>,
+    /// How its verdict weighs: the rule's modes, with global quota mode applied.
+    weight: Weight,
 }
 
 impl Limited {
@@ -162,14 +168,7 @@ impl Limited {
                 policy: self.policy,
                 cost: self.cost,
             },
-            weight: self.weight(),
-        }
-    }
-
-    fn weight(&self) -> Weight {
-        Weight {
-            quota: self.rule.quota_mode,
-            shadow: self.rule.shadow_mode,
+            weight: self.weight,
         }
     }
 
@@ -415,7 +414,7 @@ impl Limiter {
         for slot in &mut slots {
             slot.decide_locally(self.cache.as_ref(), &self.metrics);
             if let (Some(limited), Some(outcome)) = (slot.limited(), &slot.outcome) {
-                prior.add(limited.weight(), outcome.allowed);
+                prior.add(limited.weight, outcome.allowed);
             }
         }
         let (pending, items): (Vec<usize>, Vec<Item>) = slots
@@ -494,6 +493,10 @@ impl Limiter {
                     bucket: *bucket,
                     cost: descriptor.cost,
                     counters: Arc::clone(counters),
+                    weight: Weight {
+                        quota: rule.quota_mode || self.options.quota_mode,
+                        shadow: rule.shadow_mode,
+                    },
                 };
                 if policy.requests_per_unit == 0 {
                     Plan::Zero(limited)
@@ -562,7 +565,7 @@ impl Limiter {
         let mut tally = Tally::default();
         for slot in slots {
             if let (Some(limited), Some(outcome)) = (slot.limited(), &slot.outcome) {
-                tally.add(limited.weight(), outcome.allowed);
+                tally.add(limited.weight, outcome.allowed);
             }
         }
         // Under global shadow mode the request is admitted, so its bookings stand.

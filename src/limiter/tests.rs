@@ -165,6 +165,28 @@ async fn quota_statuses_deny_only_when_all_deny() {
 }
 
 #[tokio::test]
+async fn global_quota_mode_denies_only_when_every_descriptor_denies() {
+    let options = LimiterOptions {
+        quota_mode: true,
+        ..LimiterOptions::default()
+    };
+    let f = fixture_with(
+        vec![
+            node("a", rule("a", Policy::fixed_window(5, Unit::Minute))),
+            node("z", rule("z", Policy::fixed_window(0, Unit::Minute))),
+        ],
+        options,
+    );
+    let one_over = f.ask(vec![desc("a", "v", 1), desc("z", "v", 1)]).await;
+    assert_eq!(one_over.overall, Code::Ok);
+    assert_eq!(one_over.statuses[1].code, Code::OverLimit);
+    // Admitted, so the booking on `a` stands.
+    assert_eq!(f.one("a", 1).await.1, 3);
+    let all_over = f.ask(vec![desc("z", "v", 1), desc("z", "w", 1)]).await;
+    assert_eq!(all_over.overall, Code::OverLimit);
+}
+
+#[tokio::test]
 async fn global_shadow_mode_keeps_statuses_and_bookings() {
     let options = LimiterOptions {
         shadow_mode: true,

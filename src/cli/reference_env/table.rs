@@ -85,7 +85,7 @@ const fn row(gate: Gate, variable: &'static str, flag: &'static str, convert: Co
 
 /// Every one-to-one variable, in the order each gate applies its rows.
 #[rustfmt::skip]
-pub(super) static ROWS: [Row; 37] = [
+pub(super) static ROWS: [Row; 38] = [
     row(Always, "GRPC_UDS", "--grpc-uds", File(|a| &mut a.grpc_uds)),
     row(Always, "GRPC_MAX_CONNECTION_AGE", "--grpc-max-connection-age",
         Duration(|a| &mut a.grpc_max_connection_age)),
@@ -93,6 +93,7 @@ pub(super) static ROWS: [Row; 37] = [
         Duration(|a| &mut a.grpc_max_connection_age_grace)),
     row(Always, "LOG_FORMAT", "--log-format", Other(log_format)),
     row(Always, "SHADOW_MODE", "--shadow-mode", Bool(|a| &mut a.shadow_mode)),
+    row(Always, "QUOTA_MODE", "--quota-mode", Bool(|a| &mut a.quota_mode)),
     row(Always, "LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers", Other(response_headers)),
     row(Always, "LOCAL_CACHE_SIZE_IN_BYTES", "--local-cache-entries", Other(local_cache_entries)),
     row(Always, "CACHE_KEY_PREFIX", "--key-prefix", Text(|a| &mut a.key_prefix)),

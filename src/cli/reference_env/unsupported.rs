@@ -181,7 +181,7 @@ mod tests {
     use super::*;
 
     /// The reference variables with a meaning here, which no rule may swallow.
-    const MAPPED: [&str; 74] = [
+    const MAPPED: [&str; 75] = [
         "GRPC_UDS",
         "USE_STATSD",
         "USE_DOG_STATSD",
@@ -251,6 +251,7 @@ mod tests {
         "REDIS_PERSECOND_SENTINEL_AUTH",
         "REDIS_PERSECOND_POOL_SIZE",
         "SHADOW_MODE",
+        "QUOTA_MODE",
         "LIMIT_RESPONSE_HEADERS_ENABLED",
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "CACHE_KEY_PREFIX",

@@ -305,6 +305,13 @@ fn unusable_values_stop_startup_naming_the_variable() {
 }
 
 #[test]
+fn quota_mode_stands_for_the_global_quota_switch() {
+    assert!(mapped(&[("QUOTA_MODE", "true")]).0.quota_mode);
+    assert!(!mapped(&[("QUOTA_MODE", "false")]).0.quota_mode);
+    assert_eq!(error(&[("QUOTA_MODE", "maybe")]).variable, "QUOTA_MODE");
+}
+
+#[test]
 fn booleans_parse_as_go_does() {
     for value in ["1", "t", "T", "TRUE", "true", "True"] {
         assert!(mapped(&[("SHADOW_MODE", value)]).0.shadow_mode, "{value}");

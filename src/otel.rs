@@ -16,7 +16,7 @@ use std::fmt;
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::tonic_types::transport::ClientTlsConfig;
 use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
@@ -30,6 +30,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::registry::LookupSpan;
+
+mod b3;
 
 /// The `tracing` target of every exported span: the OpenTelemetry layer sees only these, and
 /// the log output never shows them.
@@ -280,9 +282,8 @@ fn random_uuid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// The span of one `ShouldRateLimit` call, child of the caller's W3C trace context
-/// (`traceparent`, `tracestate`) when `headers` carry one. Its code is recorded by
-/// [`record_code`].
+/// The span of one `ShouldRateLimit` call, child of the caller's trace context (W3C or B3,
+/// see `caller_context`) when `headers` carry one. Its code is recorded by [`record_code`].
 pub fn should_rate_limit_span(headers: &dyn Extractor, domain: &str, descriptors: usize) -> Span {
     // The span is made before the request is validated: a client-sent text is cut, so a
     // queued span holds at most this much of it.
@@ -299,11 +300,23 @@ pub fn should_rate_limit_span(headers: &dyn Extractor, domain: &str, descriptors
         ratelimit.overall_code = Empty,
         otel.status_code = Empty,
     );
-    let headers = BoundedTraceState(headers);
-    let parent = TraceContextPropagator::new().extract_with_context(&Context::new(), &headers);
     // Fails only when the span is disabled, which leaves nothing to parent.
-    drop(span.set_parent(parent));
+    drop(span.set_parent(caller_context(headers)));
     span
+}
+
+/// The caller's trace context: W3C (`traceparent`, `tracestate`) when it sends a valid one,
+/// else B3 (`b3`, or `x-b3-traceid` and its companions), as Envoy sends under Zipkin tracing.
+fn caller_context(headers: &dyn Extractor) -> Context {
+    let headers = BoundedTraceState(headers);
+    let w3c = TraceContextPropagator::new().extract_with_context(&Context::new(), &headers);
+    if w3c.span().span_context().is_valid() {
+        return w3c;
+    }
+    match b3::extract(&headers) {
+        Some(caller) => w3c.with_remote_span_context(caller),
+        None => w3c,
+    }
 }
 
 /// A caller's trace context headers with a `tracestate` longer than [`MAX_TRACESTATE_BYTES`]
@@ -377,6 +390,43 @@ mod tests {
             service_instance_id: None,
             sampling_rate: 1.0,
         }
+    }
+
+    #[test]
+    fn the_caller_context_comes_from_w3c_else_from_b3() {
+        use opentelemetry::trace::TraceContextExt;
+        let trace_of = |pairs: &[(&str, &str)]| {
+            let headers: std::collections::HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let context = caller_context(&headers);
+            let span = context.span().span_context().clone();
+            span.is_valid().then(|| span.trace_id().to_string())
+        };
+        let w3c = (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
+        let single = ("b3", "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1");
+        let multi = [
+            ("x-b3-traceid", "463ac35c9f6413ad48485a3953bb6124"),
+            ("x-b3-spanid", "a2fb4a1d1a96d312"),
+            ("x-b3-sampled", "1"),
+        ];
+        assert_eq!(
+            trace_of(&[w3c, single]).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert_eq!(
+            trace_of(&[single]).as_deref(),
+            Some("80f198ee56343ba864fe8b2a57d3eff7")
+        );
+        assert_eq!(
+            trace_of(&multi).as_deref(),
+            Some("463ac35c9f6413ad48485a3953bb6124")
+        );
+        assert_eq!(trace_of(&[("b3", "garbage")]), None);
     }
 
     #[test]

@@ -271,8 +271,8 @@ impl RlsService {
     }
 }
 
-/// Reads the W3C trace context (`traceparent`, `tracestate`) from gRPC metadata, where Envoy
-/// puts it when it traces.
+/// Reads the caller's trace context (W3C `traceparent`, `tracestate`; B3 `b3`, `x-b3-*`) from
+/// gRPC metadata, where Envoy puts it when it traces.
 struct MetadataExtractor<'a>(&'a MetadataMap);
 
 impl Extractor for MetadataExtractor<'_> {

@@ -65,6 +65,12 @@ fn when_true(value: &str) -> bool {
 }
 
 const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
+const ONE_SCRIPT_CALL: &str =
+    "one request's descriptors always go to Redis together, in one script call per node";
+const BACKEND_TIMEOUT: &str = "each backend call is bounded by --backend-timeout-ms instead \
+     (FLOODGATE_BACKEND_TIMEOUT_MS), far below the reference's 10 s I/O timeout";
+const NO_POOL_WAIT: &str = "calls never wait for a free pooled connection: they share the \
+     pool's connections, and one that cannot be answered in time is shed";
 const LEGACY_HEADER_NAMES: &str =
     "the legacy headers are always RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset";
 
@@ -167,6 +173,30 @@ const UNSUPPORTED: &[Ignored] = &[
         "REDIS_PERSECOND_PIPELINE_LIMIT",
         |v| v == "0",
         "the descriptors of one request are always pipelined",
+    ),
+    exact("REDIS_USE_EXPLICIT_PIPELINE", when_false, ONE_SCRIPT_CALL),
+    exact(
+        "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
+        when_false,
+        ONE_SCRIPT_CALL,
+    ),
+    exact("REDIS_TIMEOUT", |v| v == "10s", BACKEND_TIMEOUT),
+    exact("REDIS_PERSECOND_TIMEOUT", |v| v == "10s", BACKEND_TIMEOUT),
+    exact(
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        |v| v.eq_ignore_ascii_case("WAIT"),
+        NO_POOL_WAIT,
+    ),
+    exact(
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        |v| v.eq_ignore_ascii_case("WAIT"),
+        NO_POOL_WAIT,
+    ),
+    exact("REDIS_POOL_ON_EMPTY_WAIT_DURATION", never, NO_POOL_WAIT),
+    exact(
+        "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION",
+        never,
+        NO_POOL_WAIT,
     ),
     exact(
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
@@ -289,6 +319,9 @@ mod tests {
             ("REDIS_PIPELINE_WINDOW", "0s", "150us"),
             ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true", "false"),
             ("LIMIT_LIMIT_HEADER", "RateLimit-Limit", "X-Limit"),
+            ("REDIS_USE_EXPLICIT_PIPELINE", "false", "true"),
+            ("REDIS_TIMEOUT", "10s", "1s"),
+            ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "wait", "ERROR"),
         ] {
             assert_eq!(reason(name, quiet), None, "{name}={quiet}");
             assert!(reason(name, loud).is_some(), "{name}={loud}");

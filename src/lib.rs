@@ -16,7 +16,6 @@
 //! - `tls`: gRPC server TLS / mTLS from files reloaded on change.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
-//! - `admission`: overload shedding; stamps each call's arrival on its connection.
 //! - `dynamic_metadata`: the dynamic metadata of an answer (`--response-dynamic-metadata`).
 //! - `headers`: `RateLimit-*` response headers.
 //! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
@@ -26,6 +25,9 @@
 //! - `otel`: OpenTelemetry tracing over OTLP (off by default) and the spans it exports.
 //! - `metrics`: every exported metric, on one Prometheus registry.
 //! - `backend`: where bucket state lives (memory, Redis, Redis Cluster) and the bucket keys.
+//! - `overload`: shedding what cannot be answered in time: a call's deadline, its arrival
+//!   (stamped on its connection), admission, and why a call was shed. Below the backends,
+//!   which refuse by the same deadline rule.
 //! - `algorithm`: the pure rate-limit algorithms every backend follows.
 //! - `rules`: validated rule types (units, algorithms, policies).
 //! - `redact`: secrets out of URLs, errors and logs.
@@ -33,7 +35,6 @@
 //! - `proto`: generated Envoy RLS v3 protobuf code.
 
 pub mod admin;
-pub mod admission;
 pub mod algorithm;
 pub mod backend;
 pub mod bench;
@@ -48,6 +49,7 @@ pub mod listener;
 pub mod matcher;
 pub mod metrics;
 pub mod otel;
+pub mod overload;
 pub mod proto;
 pub mod redact;
 pub mod reload;

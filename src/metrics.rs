@@ -27,6 +27,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::overload::ShedReason;
 use crate::rules::Rule;
 
 /// Default of `--max-metric-series`: request-made per-rule series (each key is six series,
@@ -140,7 +141,7 @@ pub struct Metrics {
     /// 1 while the readiness latch says SERVING, else 0.
     pub ready: Gauge,
     /// Calls answered at once by the failure mode because they could not be served in
-    /// time, by reason (`crate::admission::ShedReason`).
+    /// time, by reason ([`ShedReason`]).
     pub shed: Family<ReasonLabels, Counter>,
     /// StatsD lines not handed to the socket (server down, slow or unreachable).
     pub statsd_dropped: Counter,
@@ -545,8 +546,12 @@ impl Metrics {
     }
 
     /// Counts one shed call.
-    pub fn shed(&self, reason: &'static str) {
-        self.shed.get_or_create(&ReasonLabels { reason }).inc();
+    pub fn shed(&self, reason: ShedReason) {
+        self.shed
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     /// Counts one backend failure.

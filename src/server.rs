@@ -16,7 +16,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
-use crate::admission::{Admission, ShedReason};
 use crate::backend::{self, Backend, BackendError, BackendSettings};
 use crate::config::{self, ConfigErrors};
 use crate::headers::HeaderMode;
@@ -26,6 +25,7 @@ use crate::listener::{self, GrpcLimits, ResetCounter, UnixSocketListener};
 use crate::matcher::Matcher;
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::otel::TracingSettings;
+use crate::overload::{Admission, ShedReason};
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::service::RlsService;

@@ -9,7 +9,7 @@
 //!   before the caller gives up.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant as StdInstant};
+use std::time::Instant as StdInstant;
 
 use opentelemetry::propagation::Extractor;
 use tokio::sync::watch;
@@ -17,7 +17,6 @@ use tokio::time::Instant;
 use tonic::metadata::{KeyRef, MetadataMap};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
-use crate::admission::{Admission, Arrival, ShedReason};
 use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
 use crate::limiter::request::InvalidRequest;
@@ -27,6 +26,7 @@ use crate::limiter::{
 };
 use crate::metrics::Metrics;
 use crate::otel;
+use crate::overload::{Admission, Arrival, Deadline, ShedReason};
 use crate::proto::core::HeaderValue;
 use crate::proto::rls::rate_limit_response::{
     Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
@@ -102,7 +102,7 @@ impl RlsService {
         }
     }
 
-    /// Sheds gRPC calls that cannot be served in time (see [`crate::admission`]).
+    /// Sheds gRPC calls that cannot be served in time (see [`crate::overload`]).
     pub fn with_admission(mut self, admission: Option<Arc<Admission>>) -> RlsService {
         self.admission = admission;
         self
@@ -133,7 +133,7 @@ impl RlsService {
         &self,
         metadata: &MetadataMap,
         request: &RateLimitRequest,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<RateLimitResponse, DecideError> {
         use tracing::Instrument;
         let headers = MetadataExtractor(metadata);
@@ -154,7 +154,7 @@ impl RlsService {
     pub async fn decide(
         &self,
         request: &RateLimitRequest,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<RateLimitResponse, DecideError> {
         let metrics = self.limiter.metrics();
         #[allow(
@@ -200,12 +200,11 @@ impl RateLimitService for RlsService {
         // The caller's clock started before the call reached this host, not when this task
         // first ran.
         let arrived = arrival.map_or_else(Instant::now, Arrival::received);
-        let timeout = request
+        let deadline = request
             .metadata()
             .get("grpc-timeout")
             .and_then(|value| value.to_str().ok())
-            .and_then(parse_grpc_timeout);
-        let deadline = timeout.map(|timeout| arrived + budget_within(timeout));
+            .and_then(|value| Deadline::from_grpc_timeout(value, arrived));
         let descriptors = request.get_ref().descriptors.len();
         // Oversized or empty requests skip admission: validation rejects them cheaply.
         let _permit = match &self.admission {
@@ -223,7 +222,7 @@ impl RateLimitService for RlsService {
         } else {
             self.decide(request.get_ref(), deadline).await?
         };
-        if timeout.is_some_and(|timeout| Instant::now() >= arrived + timeout) {
+        if deadline.is_some_and(|deadline| deadline.passed(Instant::now())) {
             // The caller has given up: no answer is encoded for it.
             return Err(GrpcStatus::deadline_exceeded(
                 "answered after the caller's deadline",
@@ -242,7 +241,7 @@ impl RlsService {
         descriptors: usize,
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
         let metrics = self.limiter.metrics();
-        metrics.shed(reason.as_str());
+        metrics.shed(reason);
         let status = match self.limiter.failure_mode() {
             FailureMode::Error => {
                 metrics.decided("UNAVAILABLE");
@@ -299,32 +298,6 @@ fn decision_code(result: &Result<RateLimitResponse, DecideError>) -> &'static st
         Err(DecideError::Invalid(_)) => "INVALID_ARGUMENT",
         Err(DecideError::Unavailable(_) | DecideError::NoRules) => "UNAVAILABLE",
     }
-}
-
-/// The part of the caller's timeout the backend may use: the caller's clock started before
-/// ours, so keep a tenth (at least 1 ms) in hand for the failure mode to answer in time.
-fn budget_within(timeout: Duration) -> Duration {
-    let margin = (timeout / 10).max(Duration::from_millis(1));
-    timeout.saturating_sub(margin)
-}
-
-/// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (unit, digits) = value.as_bytes().split_last()?;
-    let digits = std::str::from_utf8(digits).ok()?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        b'H' => Duration::from_secs(amount * 3600),
-        b'M' => Duration::from_secs(amount * 60),
-        b'S' => Duration::from_secs(amount),
-        b'm' => Duration::from_millis(amount),
-        b'u' => Duration::from_micros(amount),
-        b'n' => Duration::from_nanos(amount),
-        _ => return None,
-    })
 }
 
 /// Translates and validates a protobuf request.
@@ -580,26 +553,6 @@ mod tests {
     }
 
     #[test]
-    fn grpc_timeouts_parse() {
-        assert_eq!(parse_grpc_timeout("20m"), Some(Duration::from_millis(20)));
-        assert_eq!(parse_grpc_timeout("1S"), Some(Duration::from_secs(1)));
-        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
-        assert_eq!(parse_grpc_timeout("m"), None);
-        assert_eq!(parse_grpc_timeout("123456789m"), None);
-        assert_eq!(parse_grpc_timeout("10x"), None);
-        assert_eq!(parse_grpc_timeout(""), None);
-        assert_eq!(parse_grpc_timeout("1\u{e9}"), None);
-        assert_eq!(
-            budget_within(Duration::from_millis(20)),
-            Duration::from_millis(18)
-        );
-        assert_eq!(
-            budget_within(Duration::from_millis(5)),
-            Duration::from_millis(4)
-        );
-    }
-
-    #[test]
     fn week_limits_encode_as_unit_seven() {
         use crate::limiter::CurrentLimit;
         let response = Response {
@@ -611,7 +564,7 @@ mod tests {
                     unit: Unit::Week,
                     name: Some("n".into()),
                     label: "n".into(),
-                    window: Duration::from_secs(604_800),
+                    window: std::time::Duration::from_secs(604_800),
                 }),
                 limit_remaining: 3,
                 reset_seconds: None,

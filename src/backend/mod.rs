@@ -19,6 +19,7 @@ use tokio::time::Instant;
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions, SentinelSettings};
 
+use crate::overload::Deadline;
 use crate::redact::{self, Scrub};
 use crate::rules::Policy;
 
@@ -245,9 +246,9 @@ pub struct Group {
     /// On a partial failure, keep the bookings that succeeded (failure mode `allow` admits
     /// the request); otherwise they are undone before the error is returned.
     pub keep_on_failure: bool,
-    /// When the caller stops waiting: a backend that queues may refuse at once a group it
-    /// cannot decide by then (`BackendError::Overloaded`).
-    pub deadline: Option<Instant>,
+    /// The caller's deadline: the backend's work ends by then, and a backend that queues may
+    /// refuse at once a group it cannot decide in time (`BackendError::Overloaded`).
+    pub deadline: Option<Deadline>,
 }
 
 impl Group {
@@ -268,10 +269,9 @@ impl Group {
     }
 
     /// When the backend work of this group ends: `timeout` from now (the backend's own
-    /// bound), or the caller's deadline if that comes first.
-    pub fn deadline_within(&self, timeout: Duration) -> Instant {
-        let own = Instant::now() + timeout;
-        self.deadline.map_or(own, |caller| caller.min(own))
+    /// bound), or when the caller's work ends if that comes first.
+    pub fn work_ends_within(&self, timeout: Duration) -> Instant {
+        crate::overload::work_ends_within(self.deadline, Instant::now(), timeout)
     }
 
     /// Whether the request is rejected given `outcomes` of its items (in order).
@@ -286,21 +286,6 @@ impl Group {
         tally.rejects()
     }
 }
-
-/// Whether a request that waits `wait` in a backend's queue from `now` still has room before
-/// `deadline`: [`ROOM_PER_WAIT`] times its wait. Queueing past that only delays answers that
-/// would arrive too late anyway. The one rule of both the batcher and admission
-/// (`crate::admission`).
-pub fn queue_leaves_room(now: Instant, wait: Duration, deadline: Instant) -> bool {
-    now + wait.saturating_mul(ROOM_PER_WAIT) <= deadline
-}
-
-/// The time a queued request needs before its deadline, in queue waits: the wait itself; its
-/// call, which takes about as long again once the queue is full; its way back through the
-/// runtime's run queue; and the time the caller spent before this process saw the request.
-/// Measured with a closed loop of 2,048 calls at a 20 ms deadline on Redis: 2 (the wait and
-/// as much again) answered 42k calls a second in time, 4 answered 50k.
-pub const ROOM_PER_WAIT: u32 = 4;
 
 /// Whether a booking of `item` must be undone when its request is rejected: it fitted and
 /// booked under `reject` (a `consume` rule books whatever the verdict).
@@ -355,7 +340,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// How long a request of `items` charges queued now would wait before it is sent,
     /// estimated from the recent drain rate; zero for a backend that does not queue or is
-    /// not busy. Admission sheds on it before a call is matched (`crate::admission`).
+    /// not busy. Admission sheds on it before a call is matched (`crate::overload`).
     fn queue_wait(&self, _items: usize) -> Duration {
         Duration::ZERO
     }

@@ -79,7 +79,7 @@ pub const DEFAULT_GRPC_MAX_CONNECTION_AGE: &str = "24h";
 pub const DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE: &str = "1h";
 /// Default time a new gRPC connection gets for its first call (`listener`'s default).
 pub const DEFAULT_GRPC_FIRST_CALL_TIMEOUT: &str = "5s";
-/// Default overload latency target (`admission::DEFAULT_TARGET_LATENCY`, in Go syntax).
+/// Default overload latency target (`overload::DEFAULT_TARGET_LATENCY`, in Go syntax).
 pub const DEFAULT_OVERLOAD_TARGET_LATENCY: &str = "5ms";
 /// Default xDS node id: the reference's.
 pub const DEFAULT_XDS_NODE_ID: &str = "default";

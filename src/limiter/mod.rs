@@ -24,6 +24,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::matcher::{Matched, Matcher};
 use crate::metrics::{Metrics, RuleCounters};
 use crate::otel;
+use crate::overload::{self, Deadline, ShedReason};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
@@ -395,9 +396,10 @@ impl Limiter {
     pub async fn should_rate_limit(
         &self,
         request: &Request,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<Response, LimitError> {
-        let budget_end = self.budget_end(Instant::now(), deadline);
+        let work_ends =
+            overload::work_ends_within(deadline, Instant::now(), self.options.backend_timeout);
         let mut slots: Vec<Slot> = {
             let rules = self.rules.load();
             self.plan(&rules, request)
@@ -431,7 +433,7 @@ impl Limiter {
                 deadline,
             };
             let asked_at = Instant::now();
-            match self.backend_call(budget_end, &group).await {
+            match self.backend_call(work_ends, &group).await {
                 Ok(outcomes) => {
                     for (&i, outcome) in pending.iter().zip(outcomes) {
                         let slot = &mut slots[i];
@@ -507,13 +509,6 @@ impl Limiter {
             .collect()
     }
 
-    /// When backend work started at `start` must end: `backend_timeout` later, or the
-    /// caller's deadline if that comes first.
-    fn budget_end(&self, start: Instant, deadline: Option<Instant>) -> Instant {
-        let limit = start + self.options.backend_timeout;
-        deadline.map_or(limit, |deadline| limit.min(deadline))
-    }
-
     /// Runs the request's backend call, ending at `limit`, and checks its answer's shape.
     async fn backend_call(
         &self,
@@ -539,7 +534,7 @@ impl Limiter {
         Metrics::observe(&self.metrics.backend_latency, started.elapsed());
         match &result {
             // Refused by the backend's queue under overload: shed, not failed.
-            Err(BackendError::Overloaded) => self.metrics.shed("backlog"),
+            Err(BackendError::Overloaded) => self.metrics.shed(ShedReason::Backlog),
             Err(error) => {
                 self.metrics.backend_error(error.kind());
                 otel::record_backend_error(&span, error.kind());

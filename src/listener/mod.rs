@@ -27,7 +27,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::admission::{ConnectionLoad, ReceiveClock, Stamped};
+use crate::overload::{ConnectionLoad, ReceiveStamp, Stamped};
 use crate::tls::ReloadingAcceptor;
 use resets::ResetWatch;
 
@@ -94,7 +94,7 @@ pub struct GrpcLimits {
     /// Time a new connection gets to finish its TLS handshake and send its first call;
     /// None waits forever.
     pub first_call_timeout: Option<Duration>,
-    /// Latency target of overload shedding ([`crate::admission`]); None turns it off.
+    /// Latency target of overload shedding ([`crate::overload`]); None turns it off.
     pub overload_target: Option<Duration>,
 }
 
@@ -109,7 +109,7 @@ impl Default for GrpcLimits {
             max_connection_age_grace: DEFAULT_MAX_CONNECTION_AGE_GRACE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             first_call_timeout: Some(DEFAULT_FIRST_CALL_TIMEOUT),
-            overload_target: Some(crate::admission::DEFAULT_TARGET_LATENCY),
+            overload_target: Some(crate::overload::DEFAULT_TARGET_LATENCY),
         }
     }
 }
@@ -123,7 +123,7 @@ pub trait Listen: Send + 'static {
     fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
 
     /// Where `stream` keeps how long what it reads waited unread, if it knows.
-    fn receive_clock(_stream: &Self::Stream) -> Option<Arc<ReceiveClock>> {
+    fn receive_stamp(_stream: &Self::Stream) -> Option<Arc<ReceiveStamp>> {
         None
     }
 }
@@ -138,8 +138,8 @@ impl Listen for TcpListener {
         Ok((TimestampedTcp::new(tcp), peer.to_string()))
     }
 
-    fn receive_clock(stream: &TimestampedTcp) -> Option<Arc<ReceiveClock>> {
-        Some(stream.clock())
+    fn receive_stamp(stream: &TimestampedTcp) -> Option<Arc<ReceiveStamp>> {
+        Some(stream.stamp())
     }
 }
 
@@ -184,7 +184,7 @@ pub async fn serve<L: Listen>(
                     continue;
                 }
                 refusing = false;
-                let registered = open.register(L::receive_clock(&stream));
+                let registered = open.register(L::receive_stamp(&stream));
                 let connection = Connection {
                     routes: routes.clone(),
                     limits: Arc::clone(&limits),
@@ -253,7 +253,7 @@ struct Registered {
 }
 
 impl Open {
-    fn register(self: &Arc<Open>, received: Option<Arc<ReceiveClock>>) -> Registration {
+    fn register(self: &Arc<Open>, received: Option<Arc<ReceiveStamp>>) -> Registration {
         let registered = Registered {
             load: Arc::new(ConnectionLoad::receiving(received)),
             evict: Arc::default(),

@@ -19,13 +19,13 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::admission::ReceiveClock;
+use crate::overload::ReceiveStamp;
 
-/// A TCP connection whose reads keep the kernel's receive stamp in a [`ReceiveClock`]
-/// (on Linux; elsewhere a plain connection whose clock stays unknown).
+/// A TCP connection whose reads keep the kernel's receive stamp in a [`ReceiveStamp`]
+/// (on Linux; elsewhere a plain connection whose stamp stays unknown).
 pub struct TimestampedTcp {
     tcp: TcpStream,
-    clock: Arc<ReceiveClock>,
+    stamp: Arc<ReceiveStamp>,
     /// Room for one `SCM_TIMESTAMPNS` message, reused by every read.
     #[cfg(target_os = "linux")]
     control: Vec<u8>,
@@ -33,21 +33,21 @@ pub struct TimestampedTcp {
 
 impl TimestampedTcp {
     /// Asks the kernel to stamp what `tcp` receives. Where it cannot, reads still work and
-    /// the clock stays unknown.
+    /// the stamp stays unknown.
     pub fn new(tcp: TcpStream) -> TimestampedTcp {
         #[cfg(target_os = "linux")]
         let _ = stamps::enable(&tcp);
         TimestampedTcp {
             tcp,
-            clock: Arc::default(),
+            stamp: Arc::default(),
             #[cfg(target_os = "linux")]
             control: stamps::control_buffer(),
         }
     }
 
-    /// The clock its reads keep.
-    pub fn clock(&self) -> Arc<ReceiveClock> {
-        Arc::clone(&self.clock)
+    /// The stamp its reads keep.
+    pub fn stamp(&self) -> Arc<ReceiveStamp> {
+        Arc::clone(&self.stamp)
     }
 }
 
@@ -81,7 +81,7 @@ impl TimestampedTcp {
             });
             match received {
                 Ok((read, stamp)) => {
-                    self.clock.stamp(stamp);
+                    self.stamp.stamp(stamp);
                     buf.advance(read);
                     return Poll::Ready(Ok(()));
                 }
@@ -196,15 +196,15 @@ mod tests {
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
         let mut server = TimestampedTcp::new(server);
-        let clock = server.clock();
-        assert_eq!(clock.waited(wall_clock), None, "nothing read yet");
+        let stamp = server.stamp();
+        assert_eq!(stamp.waited(wall_clock), None, "nothing read yet");
         let mut buf = [0u8; 64];
         // The kernel turns stamping on a moment after the socket asks for it.
         for _ in 0..200 {
             client.write_all(b"warm").await.unwrap();
             let read = server.read(&mut buf).await.unwrap();
             assert_eq!(&buf[..read], b"warm");
-            if clock.waited(wall_clock).is_some() {
+            if stamp.waited(wall_clock).is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -216,7 +216,7 @@ mod tests {
         let read = server.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..read], b"first");
         let first_read_at = wall_clock();
-        let first = clock
+        let first = stamp
             .waited(|| first_read_at)
             .expect("the read was stamped");
         assert!(first >= Duration::from_millis(50), "{first:?}");
@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(&buf[..read], b"second");
         let now = wall_clock();
         let first_now = first + now.duration_since(first_read_at).unwrap_or_default();
-        let second = clock.waited(|| now).unwrap();
+        let second = stamp.waited(|| now).unwrap();
         assert!(
             second + Duration::from_millis(50) <= first_now,
             "{second:?} {first_now:?}"

@@ -8,7 +8,7 @@
 //! Under overload the queue is where a request waits, so `Backlog` estimates that wait from
 //! the items queued and the drain rate of recent full calls, and a request whose deadline is
 //! nearer than `ROOM_PER_WAIT` times that wait is refused before it queues
-//! (`BackendError::Overloaded`, see `backend::queue_leaves_room`).
+//! (`BackendError::Overloaded`, see `Deadline::leaves_room`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use super::calls::GroupWords;
 use crate::backend::{BackendError, Outcome};
+use crate::overload::Deadline;
 
 /// Where a lane's calls go: runs one batch call deciding every one of `groups`, in order,
 /// until `deadline`, and returns every item's outcome (`None` for the items of a group that
@@ -59,7 +60,7 @@ impl Lane {
     }
 
     /// Queues `group` (one request's) for the next batch call, to be sent before
-    /// `deadline` (the backend's bound, `Group::deadline_within`), unless the queue could not
+    /// `deadline` (the backend's bound, `Group::work_ends_within`), unless the queue could not
     /// send it with room before `caller`, the caller's own deadline (`Overloaded`, nothing
     /// booked). The room covers the caller's whole wait, so it is not asked of the backend's
     /// bound: at 512 calls in flight of 5 descriptors on a cluster, 25 ms of queue against
@@ -69,7 +70,7 @@ impl Lane {
         &self,
         group: GroupWords,
         deadline: Instant,
-        caller: Option<Instant>,
+        caller: Option<Deadline>,
     ) -> Reply {
         if caller.is_some_and(|caller| !self.backlog.in_time(group.len(), caller)) {
             return Err(BackendError::Overloaded);
@@ -163,10 +164,10 @@ impl Backlog {
     }
 
     /// Whether `items` more, queued now, leave room before `deadline`
-    /// (`backend::queue_leaves_room`).
-    fn in_time(&self, items: usize, deadline: Instant) -> bool {
+    /// (`Deadline::leaves_room`).
+    fn in_time(&self, items: usize, deadline: Deadline) -> bool {
         let now = Instant::now();
-        crate::backend::queue_leaves_room(now, self.wait_at(items, || now), deadline)
+        deadline.leaves_room(now, self.wait_at(items, || now))
     }
 
     /// The queue's wait for `items` more.
@@ -336,7 +337,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_a_busy_queue_refuses_and_only_what_it_cannot_send_with_room() {
         let backlog = Backlog::new(2);
-        let soon = Instant::now() + Duration::from_millis(10);
+        let soon = Deadline::ending_at(Instant::now() + Duration::from_millis(10));
         // Nothing known yet: nothing is refused, however long the queue.
         backlog.queued(100_000);
         assert!(backlog.in_time(1, soon));
@@ -347,7 +348,7 @@ mod tests {
         }
         backlog.drained(200, Duration::from_millis(2));
         assert_eq!(backlog.item_ns.load(Ordering::Relaxed), 5_000);
-        let soon = Instant::now() + Duration::from_millis(20);
+        let soon = Deadline::ending_at(Instant::now() + Duration::from_millis(20));
         // 100,000 items ahead take 500 ms: refused; once they are sent, admitted when the
         // deadline leaves `ROOM_PER_WAIT` (4) times their wait.
         assert!(!backlog.in_time(1, soon));
@@ -367,7 +368,7 @@ mod tests {
             tokio::time::advance(DRAIN_WINDOW).await;
         }
         backlog.drained(1, Duration::from_millis(2));
-        let soon = Instant::now() + Duration::from_millis(10);
+        let soon = Deadline::ending_at(Instant::now() + Duration::from_millis(10));
         assert!(backlog.in_time(100_000, soon));
     }
 
@@ -380,7 +381,7 @@ mod tests {
             tokio::time::advance(DRAIN_WINDOW).await;
         }
         backlog.drained(64, Duration::from_millis(64));
-        let soon = || Instant::now() + Duration::from_millis(20);
+        let soon = || Deadline::ending_at(Instant::now() + Duration::from_millis(20));
         assert!(!backlog.in_time(64, soon()), "64 items take 64 ms");
         // Every request refused, so no call ends: the rate ages out, and requests go again.
         tokio::time::advance(RATE_KEPT_FOR / 2).await;

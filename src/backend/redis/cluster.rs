@@ -283,7 +283,7 @@ impl Cluster {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let deadline = group.deadline_within(self.options.timeout);
+        let deadline = group.work_ends_within(self.options.timeout);
         let spread = match self.plan(group) {
             Plan::OneMaster(topology, master) => {
                 let lane = &topology.lanes[master].lane;

@@ -521,7 +521,7 @@ impl Backend for RedisBackend {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let deadline = group.deadline_within(self.node.options.timeout);
+        let deadline = group.work_ends_within(self.node.options.timeout);
         let caller = group.deadline;
         let group = GroupWords::new(group);
         self.lane

@@ -1,40 +1,13 @@
-//! Admission control: a call that cannot be answered before its caller gives up is answered
-//! at once (by the failure mode) instead of queued, so that in a spike the service keeps
-//! doing useful work rather than answering every call after its deadline.
-//!
-//! Three checks run when a call reaches the handler, before it is decoded into a request:
-//! 1. **Deadline.** Before the handler runs, a call waits in the runtime's run queue (its
-//!    sojourn, from when the connection took the stream). Before that it waited in the
-//!    socket's receive buffer, for the connection task behind the same queue: on TCP the
-//!    kernel's receive stamp says how long ([`ReceiveClock`]), and the caller's
-//!    deadline counts from then; elsewhere that wait is taken to be about the sojourn. Its
-//!    answer takes about as long again on the way out. A call whose `grpc-timeout` leaves
-//!    less than that cannot be answered in time, so it is answered now. Only calls that
-//!    cannot make their deadline are shed this way.
-//! 2. **Queue (CoDel).** For calls without a deadline: once the sojourn has stayed above the
-//!    target for a whole interval, calls that waited longer than the target are shed until
-//!    it drops below again. A short burst is absorbed, a standing queue is not.
-//! 3. **Fair share.** Calls in flight are counted in descriptors (a 64-descriptor request
-//!    weighs 64). Past `MAX_IN_FLIGHT` of them, a call is admitted only if its connection
-//!    has less than its fair share (the cap over the connections with calls in flight), up
-//!    to twice the cap in all: one caller sending 64-descriptor requests cannot take the
-//!    service from the others, and memory held by calls in flight stays bounded.
-//!
-//! Where the wait is a backend's queue rather than the CPU (the Redis batcher), the backend
-//! refuses at once a request its queue cannot serve in time (`BackendError::Overloaded`).
-//!
-//! Why deadlines rather than a latency target or an adaptive concurrency limit: only the
-//! caller knows when an answer is worthless, and the right concurrency depends on the
-//! backend and the machine. A limit cut on latency also shrinks to its floor when the
-//! latency comes from a shared, busy CPU, which no concurrency limit can cure.
+//! The admission controller: the deadline, queue and fair-share checks of the module doc,
+//! run when a call reaches its handler.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::codegen::{Service, http};
+
+use super::{Arrival, ConnectionLoad, Deadline, ShedReason};
 
 /// Default standing-queue target for calls without a deadline (CoDel): a quarter of Envoy's
 /// default 20 ms timeout, several times a loaded Redis round trip.
@@ -45,177 +18,6 @@ const INTERVAL: Duration = Duration::from_millis(100);
 /// Descriptors in flight past which each connection is held to its fair share: 64 calls of
 /// 64 descriptors, or thousands of ordinary ones, far more than one node decides at once.
 pub const MAX_IN_FLIGHT: u64 = 16_384;
-
-/// Why a call was answered without being served (the `reason` of `floodgate_shed`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShedReason {
-    /// Its deadline leaves less than its wait so far.
-    Deadline,
-    /// It has no deadline and waited in a standing queue longer than the target.
-    Queue,
-    /// Its connection holds more than its fair share of the calls in flight.
-    FairShare,
-    /// The backend's queue could not serve it before its deadline.
-    Backlog,
-}
-
-impl ShedReason {
-    /// Every reason, for metric labels.
-    pub const ALL: [ShedReason; 4] = [
-        ShedReason::Deadline,
-        ShedReason::Queue,
-        ShedReason::FairShare,
-        ShedReason::Backlog,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShedReason::Deadline => "deadline",
-            ShedReason::Queue => "queue",
-            ShedReason::FairShare => "fair_share",
-            ShedReason::Backlog => "backlog",
-        }
-    }
-}
-
-/// Longest wait believed: a larger one means the wall clock stepped between the kernel's
-/// stamp and the read, and says nothing about the call.
-const LONGEST_WAIT: Duration = Duration::from_secs(10);
-
-/// When the bytes of a connection's latest read reached the host (the kernel's receive stamp,
-/// `listener::TimestampedTcp`), shared by the connection's reads and its calls.
-#[derive(Debug, Default)]
-pub struct ReceiveClock {
-    /// Nanoseconds since the Unix epoch (the kernel stamps with the wall clock); 0 = unknown.
-    latest_read_ns: AtomicU64,
-}
-
-impl ReceiveClock {
-    /// How long the bytes of the latest read had waited before `now` (wall clock), or `None`
-    /// when no stamp is known. The clock is read only when a stamp is known, so a
-    /// connection without stamps costs its calls no clock read.
-    pub fn waited(&self, now: impl FnOnce() -> SystemTime) -> Option<Duration> {
-        let stamped = self.latest_read_ns.load(Ordering::Relaxed);
-        if stamped == 0 {
-            return None;
-        }
-        let now = u64::try_from(
-            now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .ok()?
-                .as_nanos(),
-        )
-        .unwrap_or(u64::MAX);
-        let waited = Duration::from_nanos(now.saturating_sub(stamped));
-        (waited <= LONGEST_WAIT).then_some(waited)
-    }
-
-    /// Records a read whose newest bytes arrived `since_epoch` after the Unix epoch, or that
-    /// came without a stamp (`None`): the kernel turns stamping on for the whole host a
-    /// moment after a socket asks, so the first packets can come unstamped, and an earlier
-    /// read's stamp would then make every later call look ever older.
-    pub fn stamp(&self, since_epoch: Option<Duration>) {
-        let nanos = since_epoch.map_or(0, |since_epoch| {
-            u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX)
-        });
-        self.latest_read_ns.store(nanos, Ordering::Relaxed);
-    }
-}
-
-/// Stamped on every gRPC request by the connection that took it ([`Stamped`]): when the
-/// stream arrived and the load of its connection.
-#[derive(Clone)]
-pub struct Arrival {
-    /// When the connection handed the stream to the service.
-    pub at: Instant,
-    /// How long the bytes the connection read last had waited in the kernel before it read
-    /// them; `None` where the kernel does not say (unix sockets).
-    pub unread: Option<Duration>,
-    /// Descriptors in flight on the stream's connection.
-    pub connection: Arc<ConnectionLoad>,
-}
-
-impl Arrival {
-    /// When the call reached this host, as far as known: `at`, less its wait unread.
-    pub fn received(&self) -> Instant {
-        self.unread
-            .and_then(|unread| self.at.checked_sub(unread))
-            .unwrap_or(self.at)
-    }
-}
-
-/// What one connection carries: descriptors in flight (for the fair share) and how many
-/// calls it has sent (for the listener, which closes connections that never send one); and
-/// how long what it reads waited unread, where the kernel says.
-#[derive(Debug, Default)]
-pub struct ConnectionLoad {
-    in_flight: AtomicU64,
-    calls: AtomicU64,
-    received: Option<Arc<ReceiveClock>>,
-}
-
-impl ConnectionLoad {
-    /// The load of a connection whose reads keep `received`.
-    pub fn receiving(received: Option<Arc<ReceiveClock>>) -> ConnectionLoad {
-        ConnectionLoad {
-            received,
-            ..ConnectionLoad::default()
-        }
-    }
-
-    /// How long the bytes of the connection's latest read had waited unread.
-    fn unread(&self) -> Option<Duration> {
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "the kernel stamps received bytes with the wall clock"
-        )]
-        self.received.as_ref()?.waited(SystemTime::now)
-    }
-
-    /// Calls the connection has sent so far.
-    pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
-    }
-}
-
-/// A service that stamps each request with its [`Arrival`] before passing it on; one per
-/// connection.
-#[derive(Clone)]
-pub struct Stamped<S> {
-    inner: S,
-    connection: Arc<ConnectionLoad>,
-}
-
-impl<S> Stamped<S> {
-    /// Wraps the service of the connection whose load is `connection`.
-    pub fn new(inner: S, connection: Arc<ConnectionLoad>) -> Stamped<S> {
-        Stamped { inner, connection }
-    }
-}
-
-impl<S, B> Service<http::Request<B>> for Stamped<S>
-where
-    S: Service<http::Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        self.connection.calls.fetch_add(1, Ordering::Relaxed);
-        request.extensions_mut().insert(Arrival {
-            at: Instant::now(),
-            unread: self.connection.unread(),
-            connection: Arc::clone(&self.connection),
-        });
-        self.inner.call(request)
-    }
-}
 
 /// The backend's estimate of how long a request of so many charges would wait in its queue
 /// (`Backend::queue_wait`).
@@ -256,8 +58,8 @@ impl Admission {
         }
     }
 
-    /// Also sheds, before matching, a call whose deadline is nearer than `ROOM_PER_WAIT`
-    /// times its wait in the backend's queue (at most its `units` charges): the backend
+    /// Also sheds, before matching, a call whose deadline is nearer than
+    /// [`super::ROOM_PER_WAIT`] times its wait in the backend's queue (at most its `units` charges): the backend
     /// would refuse it anyway after the match, and under a flood of wide requests the
     /// matching alone took the CPU the served calls needed.
     pub fn with_queue_wait(mut self, queue_wait: QueueWait) -> Admission {
@@ -275,7 +77,7 @@ impl Admission {
         &self,
         units: u64,
         arrival: Option<&Arrival>,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<Permit<'_>, ShedReason> {
         let now = Instant::now();
         let sojourn = arrival.map_or(Duration::ZERO, |arrival| {
@@ -287,7 +89,7 @@ impl Admission {
             sojourn + arrival.unread.unwrap_or(sojourn)
         });
         match deadline {
-            Some(deadline) if deadline <= now + still_to_wait => {
+            Some(deadline) if deadline.work_ends() <= now + still_to_wait => {
                 return Err(ShedReason::Deadline);
             }
             Some(deadline) if !self.queue_in_time(units, now, deadline) => {
@@ -317,10 +119,12 @@ impl Admission {
 
     /// Whether the backend's queue would send `units` charges with enough room left
     /// before `deadline` (as the batcher itself decides).
-    fn queue_in_time(&self, units: u64, now: Instant, deadline: Instant) -> bool {
+    fn queue_in_time(&self, units: u64, now: Instant, deadline: Deadline) -> bool {
         self.queue_wait.as_ref().is_none_or(|queue_wait| {
-            let wait = queue_wait(usize::try_from(units).unwrap_or(usize::MAX));
-            crate::backend::queue_leaves_room(now, wait, deadline)
+            deadline.leaves_room(
+                now,
+                queue_wait(usize::try_from(units).unwrap_or(usize::MAX)),
+            )
         })
     }
 
@@ -402,7 +206,7 @@ mod tests {
             Duration::from_micros(100) * u32::try_from(items + 30).unwrap()
         }));
         let now = Instant::now();
-        let in_ms = |ms| Some(now + Duration::from_millis(ms));
+        let in_ms = |ms| Some(Deadline::ending_at(now + Duration::from_millis(ms)));
         // 1 charge waits 3.1 ms: it needs 4 times that, 12.4 ms.
         assert!(admission.admit(1, None, in_ms(13)).is_ok());
         assert_eq!(
@@ -424,12 +228,18 @@ mod tests {
         let admission = Admission::new(DEFAULT_TARGET_LATENCY);
         let now = Instant::now();
         assert_eq!(
-            admission.admit(1, None, Some(now)).err(),
+            admission
+                .admit(1, None, Some(Deadline::ending_at(now)))
+                .err(),
             Some(ShedReason::Deadline)
         );
         assert!(
             admission
-                .admit(1, None, Some(now + Duration::from_millis(1)))
+                .admit(
+                    1,
+                    None,
+                    Some(Deadline::ending_at(now + Duration::from_millis(1)))
+                )
                 .is_ok()
         );
         // A call that waited 6 ms of a 10 ms budget waited about as long before it was seen,
@@ -438,13 +248,13 @@ mod tests {
         tokio::time::advance(Duration::from_millis(6)).await;
         let now = Instant::now();
         let waited = arrival(now - Duration::from_millis(6), &connection);
-        let deadline = waited.at + Duration::from_millis(10);
+        let deadline = Deadline::ending_at(waited.at + Duration::from_millis(10));
         assert_eq!(
             admission.admit(1, Some(&waited), Some(deadline)).err(),
             Some(ShedReason::Deadline)
         );
         let waited = arrival(now - Duration::from_millis(3), &connection);
-        let deadline = waited.at + Duration::from_millis(10);
+        let deadline = Deadline::ending_at(waited.at + Duration::from_millis(10));
         assert!(admission.admit(1, Some(&waited), Some(deadline)).is_ok());
 
         // Where the kernel says how long the call waited unread, that wait counts instead:
@@ -454,7 +264,7 @@ mod tests {
             ..arrival(now - Duration::from_millis(3), &connection)
         };
         assert_eq!(measured.received(), now - Duration::from_millis(8));
-        let deadline = measured.received() + Duration::from_millis(10);
+        let deadline = Deadline::ending_at(measured.received() + Duration::from_millis(10));
         assert_eq!(
             admission.admit(1, Some(&measured), Some(deadline)).err(),
             Some(ShedReason::Deadline)
@@ -464,7 +274,7 @@ mod tests {
             unread: Some(Duration::from_millis(1)),
             ..measured
         };
-        let deadline = measured.received() + Duration::from_millis(10);
+        let deadline = Deadline::ending_at(measured.received() + Duration::from_millis(10));
         assert!(admission.admit(1, Some(&measured), Some(deadline)).is_ok());
     }
 
@@ -516,20 +326,5 @@ mod tests {
         drop(held);
         assert_eq!(admission.in_flight.load(Ordering::Relaxed), 0);
         assert_eq!(admission.active_connections.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn a_stepped_clock_or_a_read_without_a_stamp_says_nothing() {
-        let clock = ReceiveClock::default();
-        clock.stamp(Some(Duration::from_secs(1_000)));
-        let later = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000) + Duration::from_millis(3);
-        assert_eq!(clock.waited(|| later), Some(Duration::from_millis(3)));
-        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000);
-        assert_eq!(clock.waited(|| far), None);
-        let before = SystemTime::UNIX_EPOCH + Duration::from_secs(999);
-        assert_eq!(clock.waited(|| before), Some(Duration::ZERO));
-        // A read without a stamp forgets the last one.
-        clock.stamp(None);
-        assert_eq!(clock.waited(|| later), None);
     }
 }

@@ -61,7 +61,9 @@ async fn every_client_is_answered(target: &str) {
         for authority in std::iter::once(None).chain(AUTHORITIES.map(Some)) {
             let caller = format!("{}-{}", client.name, runs.len());
             let mut command = std::process::Command::new(&client.program);
-            command.arg(&client.script).args([target, "clients", "caller", &caller]);
+            command
+                .arg(&client.script)
+                .args([target, "clients", "caller", &caller]);
             command.args(authority);
             let output = tokio::task::spawn_blocking(move || command.output())
                 .await

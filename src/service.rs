@@ -204,7 +204,13 @@ impl RateLimitService for RlsService {
             .metadata()
             .get("grpc-timeout")
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| Deadline::from_grpc_timeout(value, arrived));
+            .and_then(|value| Deadline::from_grpc_timeout(value, arrived))
+            // Without shedding (`--overload-target-latency 0`) the deadline only bounds the
+            // work: no backend queue refuses a call for it.
+            .map(|deadline| match self.admission {
+                Some(_) => deadline,
+                None => deadline.without_shedding(),
+            });
         let descriptors = request.get_ref().descriptors.len();
         // Oversized or empty requests skip admission: validation rejects them cheaply.
         let _permit = match &self.admission {
@@ -425,6 +431,44 @@ mod tests {
     use super::*;
     use crate::proto::common::RateLimitDescriptor;
     use crate::proto::common::rate_limit_descriptor::{Entry, RateLimitOverride};
+
+    /// A service over no rules with admission on, and a call with `grpc-timeout`.
+    fn admitting_service_and_call(timeout: &str) -> (RlsService, GrpcRequest<RateLimitRequest>) {
+        let limiter = Limiter::new(
+            crate::matcher::Matcher::new(Vec::new()),
+            Arc::new(crate::backend::memory::MemoryBackend::new(16)),
+            Arc::new(Metrics::new()),
+            crate::limiter::LimiterOptions::default(),
+        );
+        let admission = Admission::new(crate::overload::DEFAULT_TARGET_LATENCY);
+        let service = RlsService::new(Arc::new(limiter), HeaderMode::Off)
+            .with_admission(Some(Arc::new(admission)));
+        let mut call = GrpcRequest::new(RateLimitRequest {
+            domain: "any".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                limit: None,
+                hits_addend: None,
+            }],
+            hits_addend: 0,
+        });
+        call.metadata_mut()
+            .insert("grpc-timeout", timeout.parse().unwrap());
+        (service, call)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_with_a_one_millisecond_timeout_is_served_when_idle() {
+        let (service, call) = admitting_service_and_call("1m");
+        let answer = service.should_rate_limit(call).await;
+        assert!(answer.is_ok(), "{answer:?}");
+        let (service, call) = admitting_service_and_call("0m");
+        let answer = service.should_rate_limit(call).await;
+        assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    }
 
     #[test]
     fn the_trace_parent_is_read_from_grpc_metadata() {

@@ -21,17 +21,22 @@ pub struct Deadline {
     gives_up: Instant,
     /// When the work must end: a little before `gives_up` (see [`Deadline::new`]).
     work_ends: Instant,
+    /// Whether a backend may refuse at once work that cannot end in time (shedding is on).
+    sheds: bool,
 }
 
 impl Deadline {
     /// The deadline of a call that reached this host at `received` with a timeout of
     /// `timeout`. The caller's clock started before ours, so the work keeps a tenth of the
-    /// timeout in hand (at least 1 ms) for the answer to travel back.
+    /// timeout in hand (at least 1 ms, at most half of it) for the answer to travel back.
     pub fn new(received: Instant, timeout: Duration) -> Deadline {
-        let margin = (timeout / 10).max(Duration::from_millis(1));
+        let margin = (timeout / 10)
+            .max(Duration::from_millis(1))
+            .min(timeout / 2);
         Deadline {
             gives_up: received + timeout,
-            work_ends: (received + timeout).checked_sub(margin).unwrap_or(received),
+            work_ends: received + timeout - margin,
+            sheds: true,
         }
     }
 
@@ -41,12 +46,22 @@ impl Deadline {
         parse_grpc_timeout(value).map(|timeout| Deadline::new(received, timeout))
     }
 
+    /// The same deadline, but never a reason to refuse work (`--overload-target-latency 0`):
+    /// it still bounds the work, whose answer would come too late anyway.
+    pub fn without_shedding(self) -> Deadline {
+        Deadline {
+            sheds: false,
+            ..self
+        }
+    }
+
     /// A deadline whose work ends at `at` (and whose caller gives up then too).
     #[cfg(test)]
     pub(crate) fn ending_at(at: Instant) -> Deadline {
         Deadline {
             gives_up: at,
             work_ends: at,
+            sheds: true,
         }
     }
 
@@ -62,9 +77,9 @@ impl Deadline {
 
     /// Whether a request that waits `wait` in a backend's queue from `now` still has room
     /// before the work must end: [`ROOM_PER_WAIT`] times its wait. Queueing past that only
-    /// delays answers that would arrive too late anyway.
+    /// delays answers that would arrive too late anyway. Always true without shedding.
     pub fn leaves_room(&self, now: Instant, wait: Duration) -> bool {
-        now + wait.saturating_mul(ROOM_PER_WAIT) <= self.work_ends
+        !self.sheds || now + wait.saturating_mul(ROOM_PER_WAIT) <= self.work_ends
     }
 }
 
@@ -116,6 +131,9 @@ mod tests {
         let ends = |timeout_ms| Deadline::new(now, Duration::from_millis(timeout_ms)).work_ends;
         assert_eq!(ends(20), now + Duration::from_millis(18));
         assert_eq!(ends(5), now + Duration::from_millis(4));
+        // A 1 ms timeout keeps half: an idle service answers well within it.
+        assert_eq!(ends(1), now + Duration::from_micros(500));
+        assert_eq!(ends(0), now);
         let from_header = Deadline::from_grpc_timeout("1m", now).unwrap();
         assert!(!from_header.passed(now + Duration::from_micros(999)));
         assert!(from_header.passed(now + Duration::from_millis(1)));
@@ -133,11 +151,16 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_queue_leaves_room_for_four_waits() {
+    async fn a_queue_leaves_room_for_four_waits_unless_shedding_is_off() {
         let now = Instant::now();
         // Work ends 18 ms from now.
         let deadline = Deadline::new(now, Duration::from_millis(20));
         assert!(deadline.leaves_room(now, Duration::from_micros(4_500)));
         assert!(!deadline.leaves_room(now, Duration::from_micros(4_600)));
+        assert!(
+            deadline
+                .without_shedding()
+                .leaves_room(now, Duration::from_secs(1))
+        );
     }
 }

@@ -318,6 +318,13 @@ impl Metrics {
         for code in DECISION_CODES {
             let _ = metrics.decisions.get_or_create(&CodeLabels { code });
         }
+        // The resets of malformed calls exist at 0, so a rate over them works from the start.
+        for kind in ["stream", "connection"] {
+            let _ = metrics.http2_resets.get_or_create(&Http2ResetLabels {
+                kind,
+                code: "PROTOCOL_ERROR".to_owned(),
+            });
+        }
         let fg = registry.sub_registry_with_prefix("floodgate");
         fg.register(
             "request_latency_seconds",

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Backend, BackendError, BucketKey, Group, Outcome, Refund, undoable};
+use super::{Backend, BackendError, BucketKey, Group, Outcome, Refund, roll_back};
 use crate::algorithm::Bucket;
 use crate::clock::{Clock, SystemClock};
 use crate::rules::Policy;
@@ -224,18 +224,8 @@ impl MemoryBackend {
             })
             .collect();
         if group.rejects(&outcomes) {
-            for (item, outcome) in group.items.iter().zip(&mut outcomes) {
-                if undoable(item, outcome) {
-                    let refund = Refund::in_place(
-                        item.charge.bucket,
-                        item.charge.policy,
-                        item.charge.cost,
-                        now_ms,
-                    );
-                    locked_shard(&mut locked, &refund.bucket).refund(&refund, now_ms);
-                    outcome.booked = false;
-                    outcome.rolled_back = true;
-                }
+            for refund in roll_back(group.items.iter().zip(&mut outcomes), true) {
+                locked_shard(&mut locked, &refund.bucket).refund(&refund, now_ms);
             }
         }
         outcomes

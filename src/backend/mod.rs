@@ -88,6 +88,16 @@ impl Refund {
         }
     }
 
+    /// The refund of `item`'s booking that `outcome` reports; `in_place` as in [`roll_back`].
+    pub fn of(item: &Item, outcome: &Outcome, in_place: bool) -> Refund {
+        let charge = &item.charge;
+        if in_place {
+            Refund::in_place(charge.bucket, charge.policy, charge.cost, outcome.now_ms)
+        } else {
+            Refund::new(charge.bucket, charge.policy, charge.cost, outcome.now_ms)
+        }
+    }
+
     /// The undo of a booking made in the same atomic step (a rejected request's group on an
     /// atomic backend): never re-sent, so it carries no id.
     pub fn in_place(bucket: BucketKey, policy: Policy, cost: u64, booked_at_ms: i64) -> Refund {
@@ -285,6 +295,33 @@ impl Group {
         }
         tally.rejects()
     }
+}
+
+/// Settles a request that ended rejected (or failed, where its bookings must not stand): marks
+/// every booking of `settled` that must be undone ([`undoable`]) as rolled back, and returns
+/// the refunds that undo them, for the backend to apply. `in_place`: the refunds are applied
+/// inside the same atomic step as the bookings (memory), so they carry no id. The one
+/// definition of this step for every backend.
+pub fn roll_back<'a>(
+    settled: impl IntoIterator<Item = (&'a Item, &'a mut Outcome)>,
+    in_place: bool,
+) -> Vec<Refund> {
+    let mut refunds = Vec::new();
+    for (item, outcome) in settled {
+        if undoable(item, outcome) {
+            refunds.push(Refund::of(item, outcome, in_place));
+            outcome.booked = false;
+            outcome.rolled_back = true;
+        }
+    }
+    refunds
+}
+
+/// Logs refunds of rolled-back bookings that could not be applied: those bookings stand,
+/// although their request was answered as rejected (the limiter counts them in
+/// `floodgate_refund_errors`).
+pub fn log_refund_failure(error: &BackendError) {
+    tracing::warn!(%error, "refund failed; a rejected request's bookings stand");
 }
 
 /// Whether a booking of `item` must be undone when its request is rejected: it fitted and

@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{Backend, BackendError, Group, Item, Outcome, Refund, Tally, undoable};
+use super::{
+    Backend, BackendError, Group, Item, Outcome, Refund, Tally, log_refund_failure, roll_back,
+};
 use crate::rules::Unit;
 
 /// The two backends and which rules each keeps.
@@ -152,22 +154,9 @@ async fn decide_split(
         Err(error) => (Err(error), !group.keep_on_failure),
     };
     if undo_fast {
-        let mut refunds = Vec::new();
-        for (item, outcome) in first.items.iter().zip(fast_outcomes.iter_mut()) {
-            if undoable(item, outcome) {
-                refunds.push(Refund::new(
-                    item.charge.bucket,
-                    item.charge.policy,
-                    item.charge.cost,
-                    outcome.now_ms,
-                ));
-                outcome.booked = false;
-                outcome.rolled_back = true;
-            }
-        }
+        let refunds = roll_back(first.items.iter().zip(fast_outcomes.iter_mut()), false);
         if let Err(error) = per_second.refund(&refunds).await {
-            let error = from_per_second(error);
-            tracing::warn!(%error, "refund failed; a rejected request's bookings stand");
+            log_refund_failure(&from_per_second(error));
         }
     }
     let rest_outcomes = rest_outcomes?;

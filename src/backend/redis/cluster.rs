@@ -48,7 +48,9 @@ use super::calls::{self, Call, GroupWords};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
-use crate::backend::{Backend, BackendError, Group, Item, Outcome, Refund, undoable};
+use crate::backend::{
+    Backend, BackendError, Group, Item, Outcome, Refund, log_refund_failure, roll_back, undoable,
+};
 use crate::redact::{Redacted, Secrets};
 use health::Health;
 use node::NodeLink;
@@ -555,30 +557,29 @@ impl Cluster {
                 group.rejects(&outcomes)
             }
         };
-        let mut outcomes = Vec::with_capacity(results.len());
-        let (mut undo, mut kept) = (Vec::new(), Vec::new());
-        for (item, result) in group.items.iter().zip(results) {
-            let Ok(mut outcome) = result else { continue };
-            if undoable(item, &outcome) {
-                let refund = Refund::new(
-                    item.charge.bucket,
-                    item.charge.policy,
-                    item.charge.cost,
-                    outcome.now_ms,
-                );
-                if undo_all {
-                    undo.push(refund);
-                    outcome.booked = false;
-                    outcome.rolled_back = true;
-                } else {
-                    kept.push(refund);
-                }
+        let mut settled: Vec<(&Item, Outcome)> = group
+            .items
+            .iter()
+            .zip(results)
+            .filter_map(|(item, result)| Some((item, result.ok()?)))
+            .collect();
+        let mut kept = Vec::new();
+        if undo_all {
+            let undo = roll_back(
+                settled.iter_mut().map(|(item, outcome)| (*item, outcome)),
+                false,
+            );
+            if !undo.is_empty() {
+                self.undo(undo).await;
             }
-            outcomes.push(outcome);
+        } else {
+            kept = settled
+                .iter()
+                .filter(|(item, outcome)| undoable(item, outcome))
+                .map(|(item, outcome)| Refund::of(item, outcome, false))
+                .collect();
         }
-        if !undo.is_empty() {
-            self.undo(undo).await;
-        }
+        let outcomes = settled.into_iter().map(|(_, outcome)| outcome).collect();
         let result = match failure {
             Some(error) => Err(error),
             None => Ok(outcomes),
@@ -591,7 +592,7 @@ impl Cluster {
     /// was rejected all the same): counted by the caller as a backend error.
     async fn undo(&self, refunds: Vec<Refund>) {
         if let Err(error) = self.refund(&refunds).await {
-            tracing::warn!(%error, "refund failed; a rejected request's bookings stand");
+            log_refund_failure(&error);
         }
     }
 

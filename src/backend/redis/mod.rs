@@ -1,8 +1,9 @@
 //! The two Redis backends and what they share: settings and the Lua scripts.
 //!
 //! `single` talks to one node through a small pool of multiplexed connections and batches
-//! the requests bound for it into one script call; `cluster` rides redis-rs' cluster client
-//! and runs a request's charges concurrently, one script call per bucket.
+//! the requests bound for it into one script call; `cluster` batches per master in the same
+//! way, one script call per master for the requests bound for it (`batch`), and splits a
+//! request whose buckets live on several masters into one part per master.
 
 use std::fmt;
 use std::time::Duration;

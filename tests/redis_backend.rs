@@ -304,6 +304,74 @@ async fn cluster_recovers_after_a_master_fails_over() {
     }
 }
 
+/// Issue 33: a master that hangs (SIGSTOP) and never comes back. Its replica takes over after
+/// the node timeout (2 s); the slots it took must then be served, though the frozen node
+/// keeps its sockets open and never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_masters_slots_are_served_after_its_replica_takes_over() {
+    let cluster = cluster().await;
+    let backend = ClusterBackend::connect(
+        &cluster.urls(),
+        RedisOptions {
+            timeout: Duration::from_millis(300),
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let request = [charge(
+        policy(Algorithm::FixedWindow, 1_000, Unit::Hour),
+        "hung",
+        1,
+    )];
+    backend.charge(&request).await.unwrap();
+    let key = request[0].bucket.redis_key("fg");
+    let victim = tokio::task::block_in_place(|| cluster.master_index_for(&key));
+    let masters_before = cluster.masters().len();
+    cluster.nodes()[victim].signal("STOP");
+    let frozen = Instant::now();
+    // When the replica is promoted: the other nodes then count as many masters as before.
+    let others: Vec<&common::redis::RedisServer> = (0..cluster.nodes().len())
+        .filter(|&i| i != victim)
+        .map(|i| &cluster.nodes()[i])
+        .collect();
+    let promoted = std::thread::scope(|scope| {
+        let watch = scope.spawn(|| {
+            let until = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < until {
+                let masters = others
+                    .iter()
+                    .filter(|n| n.info_field("replication", "role").as_deref() == Some("master"))
+                    .count();
+                if masters == masters_before {
+                    return Some(frozen.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        });
+        let served_after = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(until_charge_succeeds(
+                &backend,
+                &request,
+                Duration::from_secs(30),
+            ));
+            frozen.elapsed()
+        });
+        (watch.join().unwrap(), served_after)
+    });
+    let (promoted, served_after) = (promoted.0.expect("the replica is promoted"), promoted.1);
+    eprintln!(
+        "hung master: replica promoted {promoted:?} after the freeze, slots served again \
+         {served_after:?} after it ({:?} after the promotion)",
+        served_after.saturating_sub(promoted)
+    );
+    for _ in 0..20 {
+        backend.charge(&request).await.unwrap();
+    }
+    // The frozen node is killed with the cluster; it is never resumed.
+}
+
 #[tokio::test]
 async fn unreachable_nodes_give_a_bounded_error() {
     // Bind and drop to find a port with nothing listening.

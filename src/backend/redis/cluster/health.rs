@@ -13,10 +13,9 @@
 //! `MOVED`). A decision sent before the quarantine began is older than its deadline when the
 //! master wakes, so its caller already had its answer.
 //!
-//! The replica that takes over starts quarantined as well ([`Health::quarantined`]): its
-//! calls are routed by slot through the client's map, which names the frozen node until that
-//! node answers `MOVED`, so its probe, routed the same way, is answered only once they would
-//! reach the new master or the old one has woken and learned it was replaced.
+//! The replica that takes over gets its own batcher and health (`super::refresh`): its calls
+//! and probes go to its own address, never to the frozen node, so it is served as soon as
+//! floodgate reads the new slot map.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -55,19 +54,6 @@ impl Health {
         };
         health.answered(Instant::now());
         health
-    }
-
-    /// A master that gets no decision until it answers a probe: one that took over the
-    /// slots of a quarantined master, while the client may still route them to that one.
-    pub(super) fn quarantined() -> Health {
-        let health = Health::new();
-        health.quarantined.store(true, Ordering::Release);
-        health
-    }
-
-    /// Whether the master gets no decision now (it went silent, or replaced one that did).
-    pub(super) fn is_quarantined(&self) -> bool {
-        self.quarantined.load(Ordering::Acquire)
     }
 
     fn ms(&self, at: Instant) -> u64 {
@@ -153,19 +139,5 @@ mod tests {
         assert!(health.admits(Instant::now()));
         health.unanswered(Instant::now());
         assert!(health.admits(Instant::now()), "it answered just now");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_master_that_replaced_a_silent_one_waits_for_a_probe() {
-        let health = Health::quarantined();
-        assert!(health.is_quarantined());
-        assert!(!health.admits(Instant::now()));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!health.admits(Instant::now()), "no probe answered yet");
-        assert!(health.start_probe());
-        health.end_probe(Some(Instant::now()));
-        tokio::time::advance(GRACE).await;
-        assert!(health.admits(Instant::now()));
-        assert!(!health.is_quarantined());
     }
 }

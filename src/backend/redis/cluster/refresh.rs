@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use tokio::time::Instant;
 
 use super::health::Health;
@@ -23,12 +23,11 @@ pub(super) struct Topology {
     pub(super) lanes: Vec<MasterLane>,
 }
 
-/// A master's batcher, the slot its calls are routed by, and whether it may get decisions.
+/// A master's batcher, and a slot it held when the map was read (which keeps it on refresh).
 #[derive(Clone)]
 pub(super) struct MasterLane {
     pub(super) slot: u16,
     pub(super) lane: Arc<Lane>,
-    pub(super) health: Arc<Health>,
 }
 
 impl Cluster {
@@ -48,14 +47,21 @@ impl Cluster {
     }
 
     /// Reads the slot map (`CLUSTER SLOTS`) and gives each master a batcher, keeping those of
-    /// masters whose routing slot they still hold.
+    /// masters whose routing slot they still hold. Every node is asked and the first answer
+    /// counts: a node that hangs (the very master whose failover made the map change) must
+    /// not keep the new map from being read.
     pub(super) async fn refresh(&self) -> Result<(), BackendError> {
         let deadline = Instant::now() + self.options.timeout;
         let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
-        let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-        let reply = self.bounded(deadline, conn.route_command(cmd, any)).await?;
+        let first_to_answer = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllNodes,
+            Some(ResponsePolicy::OneSucceeded),
+        ));
+        let reply = self
+            .bounded(deadline, conn.route_command(cmd, first_to_answer))
+            .await?;
         let slots = SlotMap::parse(&reply).map_err(BackendError::failed)?;
         let old = Arc::clone(&self.topology.read());
         let mut lanes = Vec::with_capacity(slots.masters().len());
@@ -71,28 +77,13 @@ impl Cluster {
                 Some(kept) => kept.clone(),
                 None => {
                     let slot = slots.first_slot(index);
-                    // Calls are routed by slot through the client's own map, which still
-                    // names the slot's old master until that master answers MOVED or fails
-                    // to connect. A replica that took over from a silent master would so send
-                    // its first calls to the frozen node, to be run if it woke before it
-                    // learned it was replaced: it starts quarantined too, and gets decisions
-                    // once a probe routed the same way is answered (see `health`).
-                    let replaces_silent = old
-                        .slots
-                        .owner(slot)
-                        .and_then(|old_index| old.lanes.get(old_index))
-                        .is_some_and(|old_master| old_master.health.is_quarantined());
-                    let health = Arc::new(if replaces_silent {
-                        Health::quarantined()
-                    } else {
-                        Health::new()
-                    });
                     let link = NodeLink {
                         conn: self.conn.clone(),
                         scripts: self.scripts.clone(),
                         secrets: self.secrets.clone(),
+                        address: NodeLink::parse_address(address),
                         slot,
-                        health: Arc::clone(&health),
+                        health: Arc::new(Health::new()),
                         timeout: self.options.timeout,
                         key_prefix: self.options.key_prefix.clone(),
                     };
@@ -101,7 +92,6 @@ impl Cluster {
                     MasterLane {
                         slot,
                         lane: Arc::new(lane),
-                        health,
                     }
                 }
             };

@@ -239,3 +239,49 @@ async fn resets_a_connection_makes_over_its_life_do_not_close_it() {
         "the connection was closed (code 11: ENHANCE_YOUR_CALM)"
     );
 }
+
+/// Issue 33: a replica that has never measured its Redis queue still bounds it. Its Redis is
+/// frozen (SIGSTOP) so that no call completes and no drain rate is ever measured; a burst of
+/// 64-descriptor calls with 1 s deadlines then fills the queue only as far as a conservative
+/// estimate says Redis could answer in time, and the rest is shed at once (`backlog`)
+/// instead of queueing past every deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_replica_bounds_its_redis_queue_before_any_call_completes() {
+    let redis = common::redis::RedisServer::start();
+    let rules = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+    let url = redis.url();
+    let server = TestServer::start_with(&[("d.yaml", rules)], move |settings| {
+        settings.backend = floodgate::backend::BackendSettings::Redis {
+            url,
+            options: common::redis_options(Duration::from_millis(100)),
+        };
+    })
+    .await;
+    let client = server.client().await;
+    redis.signal("STOP");
+    let wide = || {
+        let descriptors = (0..64)
+            .map(|i| descriptor(&[("k", &i.to_string())]))
+            .collect();
+        let mut call = tonic::Request::new(request("d", descriptors));
+        call.set_timeout(Duration::from_secs(1));
+        call
+    };
+    let calls: Vec<_> = (0..200)
+        .map(|_| {
+            let mut client = client.clone();
+            let call = wide();
+            tokio::spawn(async move { client.should_rate_limit(call).await })
+        })
+        .collect();
+    for call in calls {
+        let answer = call.await.expect("call task");
+        assert_eq!(answer.map(|_| ()).unwrap_err().code(), Code::Unavailable);
+    }
+    let shed = shed_count(&server, "backlog").await;
+    redis.signal("CONT");
+    // 200 calls of 64 charges, 900 ms of room each: at 20 us a charge and 4 times the wait,
+    // about 175 fit in the queue; the rest must be shed, not queued.
+    assert!(shed >= 10, "{shed} calls shed for the backlog");
+    server.stop().await;
+}

@@ -8,7 +8,11 @@
 //! Under overload the queue is where a request waits, so `Backlog` estimates that wait from
 //! the items queued and the drain rate of recent full calls, and a request whose deadline is
 //! nearer than `ROOM_PER_WAIT` times that wait is refused before it queues
-//! (`BackendError::Overloaded`, see `Deadline::leaves_room`).
+//! (`BackendError::Overloaded`, see `Deadline::leaves_room`). Until a rate is measured (a
+//! fresh replica, or one idle for a while) the wait is estimated at a conservative
+//! `PRIOR_ITEM_NS` per item: a spike that meets an unmeasured queue would otherwise fill it
+//! past every deadline, every job would be late when its turn came, no call would complete,
+//! and no rate would ever be measured to shed by.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,12 +120,18 @@ const MAX_ITEMS: usize = 256;
 /// request), and the light requests queued beside it are not made to wait for its reads
 /// inside one script. 256 light items fit; reading an entry costs far less than an item.
 const MAX_WORK: u64 = 1_024;
+/// Time per queued item assumed while no drain rate is known: several times what a Redis
+/// node takes per item of a full call (a few microseconds of script, plus the call's share of
+/// its round trip), so that a spike on a fresh replica queues no more than Redis can answer
+/// in time; the measured rate replaces it after the first busy window.
+const PRIOR_ITEM_NS: u64 = 20_000;
 /// How often the drain rate is measured.
 const DRAIN_WINDOW: Duration = Duration::from_millis(100);
-/// Age past which a drain rate no call has renewed is forgotten. Only a call that ends
-/// renews it, and a queue that refuses every request makes no call: a rate measured in a
-/// burst (or while floodgate itself was starved of CPU) then refused every later request,
-/// for good. 64-descriptor requests at 8 in flight were all refused after such a burst.
+/// Age past which a drain rate no call has renewed is forgotten (for `PRIOR_ITEM_NS`). Only a
+/// call that ends renews it, and a queue that refuses every request makes no call: a rate
+/// measured in a burst (or while floodgate itself was starved of CPU) then refused every
+/// later request, for good. 64-descriptor requests at 8 in flight were all refused after
+/// such a burst.
 const RATE_KEPT_FOR: Duration = Duration::from_millis(2 * DRAIN_WINDOW.as_millis() as u64);
 /// Mean items per call from which a window counts as busy: only full-ish calls show what the
 /// node drains under load (a lone item pays the whole round trip).
@@ -135,7 +145,7 @@ struct Backlog {
     /// Items waiting for a call.
     queued: AtomicU64,
     /// Time the queue takes per item while busy, in ns; 0 when not known (not busy lately),
-    /// and then nothing is refused.
+    /// and then `PRIOR_ITEM_NS` stands in.
     item_ns: AtomicU64,
     /// When `item_ns` was measured, in ns since `origin`.
     measured_ns: AtomicU64,
@@ -176,21 +186,24 @@ impl Backlog {
     }
 
     /// The queue's wait for `items` more at `now`: the items ahead and these at the recent
-    /// drain rate; zero while the rate is not known or no longer current. The clock is read
-    /// only when a rate is known, so an idle queue costs admission no clock read.
+    /// drain rate; while no rate is known or current, the items ahead alone at
+    /// `PRIOR_ITEM_NS` (an idle queue then refuses nothing, whatever the request's size). The
+    /// clock is read only when a rate is known, so an idle queue costs admission no clock
+    /// read.
     fn wait_at(&self, items: usize, now: impl FnOnce() -> Instant) -> Duration {
-        let item_ns = self.item_ns.load(Ordering::Relaxed);
-        if item_ns == 0 {
-            return Duration::ZERO;
-        }
-        let age = self
-            .nanos_at(now())
-            .saturating_sub(self.measured_ns.load(Ordering::Relaxed));
-        if age > RATE_KEPT_FOR.as_nanos() as u64 {
-            return Duration::ZERO;
-        }
-        let ahead = self.queued.load(Ordering::Relaxed) + items as u64;
-        Duration::from_nanos(ahead.saturating_mul(item_ns))
+        let queued = self.queued.load(Ordering::Relaxed);
+        let measured = self.item_ns.load(Ordering::Relaxed);
+        let current = measured != 0
+            && self
+                .nanos_at(now())
+                .saturating_sub(self.measured_ns.load(Ordering::Relaxed))
+                <= RATE_KEPT_FOR.as_nanos() as u64;
+        let wait_ns = if current {
+            (queued + items as u64).saturating_mul(measured)
+        } else {
+            queued.saturating_mul(PRIOR_ITEM_NS)
+        };
+        Duration::from_nanos(wait_ns)
     }
 
     fn nanos_at(&self, at: Instant) -> u64 {
@@ -335,12 +348,19 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn only_a_busy_queue_refuses_and_only_what_it_cannot_send_with_room() {
+    async fn a_queue_refuses_what_it_cannot_send_with_room_measured_or_not() {
         let backlog = Backlog::new(2);
         let soon = Deadline::ending_at(Instant::now() + Duration::from_millis(10));
-        // Nothing known yet: nothing is refused, however long the queue.
-        backlog.queued(100_000);
+        // Nothing measured yet (a fresh replica): an idle queue refuses nothing, and the
+        // prior of 20 us an item bounds what waits ahead: 125 items with 10 ms of room (4
+        // times 2.5 ms).
+        assert!(backlog.in_time(100_000, soon));
+        backlog.queued(125);
         assert!(backlog.in_time(1, soon));
+        backlog.queued(1);
+        assert!(!backlog.in_time(1, soon));
+        backlog.queued(100_000 - 126);
+        assert!(!backlog.in_time(1, soon));
         // A busy window: calls of 200 items taking 2 ms, two at a time: 5 us an item.
         for _ in 0..2 {
             backlog.drained(200, Duration::from_millis(2));
@@ -360,7 +380,7 @@ mod tests {
             !backlog.in_time(2_000, soon),
             "a heavy request needs more room"
         );
-        // Lone items (an idle node) say nothing about its drain rate: nothing is refused.
+        // Lone items (an idle node) say nothing about its drain rate: the prior stands in.
         tokio::time::advance(DRAIN_WINDOW).await;
         backlog.drained(200, Duration::from_millis(2));
         for _ in 0..2 {
@@ -368,8 +388,8 @@ mod tests {
             tokio::time::advance(DRAIN_WINDOW).await;
         }
         backlog.drained(1, Duration::from_millis(2));
-        let soon = Deadline::ending_at(Instant::now() + Duration::from_millis(10));
-        assert!(backlog.in_time(100_000, soon));
+        assert_eq!(backlog.item_ns.load(Ordering::Relaxed), 0);
+        assert_eq!(backlog.wait(100), Duration::from_nanos(900 * PRIOR_ITEM_NS));
     }
 
     #[tokio::test(start_paused = true)]
@@ -383,7 +403,8 @@ mod tests {
         backlog.drained(64, Duration::from_millis(64));
         let soon = || Deadline::ending_at(Instant::now() + Duration::from_millis(20));
         assert!(!backlog.in_time(64, soon()), "64 items take 64 ms");
-        // Every request refused, so no call ends: the rate ages out, and requests go again.
+        // Every request refused, so no call ends: the rate ages out, and requests go again
+        // (at the prior's pace).
         tokio::time::advance(RATE_KEPT_FOR / 2).await;
         assert!(!backlog.in_time(64, soon()), "still current");
         tokio::time::advance(RATE_KEPT_FOR).await;

@@ -57,6 +57,12 @@ OVERLOAD_BACKENDS = ["memory", "redis"]
 # flight (`max_requests`), and a call due past it fails at once in the caller
 # (`--fail-when-busy`), so the generator need not send 4x the capacity to offer it.
 ENVOY_MAX_REQUESTS = 1024
+# The cold-spike section (issue 33): its backends, request widths, and the length of each
+# spike and of the idle between two.
+COLD_SPIKE_BACKENDS = ["redis"]
+COLD_SPIKE_DESCRIPTORS = (1, 16, 64)
+COLD_SPIKE_SECONDS = 5
+COLD_SPIKE_IDLE_S = 10
 # With `--overload-cpu-share`, floodgate's CPU in the overload runs is capped as a Kubernetes
 # CPU limit (a CFS quota) would cap it, in periods short enough that throttling adds as
 # little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods against
@@ -404,6 +410,61 @@ def cold_start(binary, harness, rules, backend, masters, urls, pins, rate=10_000
             "ratio": round(ratio, 2), "cold_errors": cold["errors"]}
 
 
+def cold_spikes(binary, harness, rules, backend, urls, pins, seconds):
+    """Goodput of a fresh replica over its first COLD_SPIKE_SECONDS under an open-loop spike
+    of 2x and 4x its warm capacity, for requests of 1, 16 and 64 descriptors, and the same
+    replica's goodput in a second spike after COLD_SPIKE_IDLE_S of idle; each as a share of
+    the warm capacity: the goodput at SATURATING_IN_FLIGHT in flight of another replica that
+    served 8 calls in flight first (issue 33)."""
+    fresh = lambda: Floodgate(harness, binary, rules, backend, urls,  # noqa: E731
+                              prefix=pinned(pins and pins[0], []))
+    generator = pins and pins[1]
+    rows = []
+    for descriptors in COLD_SPIKE_DESCRIPTORS:
+        wide = ["--descriptors", str(descriptors)]
+        warm = fresh()
+        run_bench(harness, binary, warm.target, ["--concurrency", "8", *wide], 2,
+                  name=f"cold-spike-warmup-{descriptors}", prefix=pinned(generator, []))
+        capacity = overload_run(binary, warm, harness, seconds, generator,
+                                f"warm capacity {descriptors}",
+                                ["--concurrency", str(SATURATING_IN_FLIGHT), *wide])
+        warm.stop()
+        capacity = max(capacity["goodput_per_s"], 1.0)
+        for factor in (2, 4):
+            rate = int(capacity * factor)
+            spike = ["--rate", f"{rate}/s", "--fail-when-busy",
+                     "--concurrency", str(ENVOY_MAX_REQUESTS), *wide]
+            replica = fresh()
+            cold = overload_run(binary, replica, harness, COLD_SPIKE_SECONDS, generator,
+                                f"cold {factor}x {descriptors}", spike)
+            time.sleep(COLD_SPIKE_IDLE_S)
+            idle = overload_run(binary, replica, harness, COLD_SPIKE_SECONDS, generator,
+                                f"idle {factor}x {descriptors}", spike)
+            replica.stop()
+            rows.append({"backend": backend, "descriptors": descriptors, "factor": factor,
+                         "warm_capacity_per_s": round(capacity),
+                         "cold_goodput_per_s": cold["goodput_per_s"],
+                         "cold_ratio": round(cold["goodput_per_s"] / capacity, 2),
+                         "cold_shed_per_s": cold["shed_per_s"],
+                         "idle_goodput_per_s": idle["goodput_per_s"],
+                         "idle_ratio": round(idle["goodput_per_s"] / capacity, 2)})
+            log(f"cold spike {backend}: {json.dumps(rows[-1])}")
+    return rows
+
+
+def cold_spike_table(rows):
+    out = [f"| backend | descriptors | spike | warm capacity/s | goodput/s, first "
+           f"{COLD_SPIKE_SECONDS} s | / warm | shed/s | goodput/s after {COLD_SPIKE_IDLE_S} s idle "
+           "| / warm |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['backend']} | {r['descriptors']} | {r['factor']}x "
+                   f"| {r['warm_capacity_per_s']:,} | {r['cold_goodput_per_s']:,.0f} "
+                   f"| {r['cold_ratio']} | {r['cold_shed_per_s']:,.0f} "
+                   f"| {r['idle_goodput_per_s']:,.0f} | {r['idle_ratio']} |")
+    return "\n".join(out)
+
+
 def targets(results):
     """The ratios the Redis targets are stated in (issue: Redis at the limit), where this
     report has the runs they compare."""
@@ -458,7 +519,7 @@ def table(results):
     return "\n".join(rows)
 
 
-def write_report(path, meta, results, ceilings, argv, overloads, colds):
+def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=()):
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -538,6 +599,15 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds):
                   "generator near 1.0 on its core limited the run, not floodgate.", ""]
         for backend, (rows, ratios) in overloads.items():
             lines += [f"### {backend}", "", overload_table(rows, ratios), ""]
+    if spikes:
+        lines += ["## A spike on a cold replica", "",
+                  "A replica that has never measured its backend's queue (just started), hit "
+                  "at once by an open-loop spike of 2x or 4x the warm capacity, as above (20 ms "
+                  "deadlines, Envoy's circuit breaker), then hit again after "
+                  f"{COLD_SPIKE_IDLE_S} s of idle, when its measured drain rate has aged out. "
+                  "Warm capacity: the goodput at "
+                  f"{SATURATING_IN_FLIGHT} in flight of a replica that served 8 in flight first.",
+                  "", cold_spike_table(spikes), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -552,6 +622,8 @@ def main():
     parser.add_argument("--argv", default="scripts/bench-report.sh")
     parser.add_argument("--overload", action=argparse.BooleanOptionalAction, default=True,
                         help="add the overload section (memory and redis)")
+    parser.add_argument("--cold-spikes", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the cold-replica spike section (redis)")
     parser.add_argument("--overload-cpu-share", type=float, metavar="SHARE",
                         help="cap floodgate at this share of one CPU in the overload runs "
                         "(e.g. 0.25, as a Kubernetes CPU limit; default: no cap)")
@@ -569,7 +641,7 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
-    results, ceilings, overloads, colds = [], {}, {}, []
+    results, ceilings, overloads, colds, spikes = [], {}, {}, [], []
     started = time.monotonic()
     try:
         for backend in args.backends.split(","):
@@ -616,6 +688,9 @@ def main():
                 finally:
                     uncapped(quota, floodgate.proc.pid)
                 log(f"overload {backend}: {json.dumps(overloads[backend][1])}")
+            if args.cold_spikes and backend in COLD_SPIKE_BACKENDS:
+                spikes += cold_spikes(args.binary, harness, rules, backend, urls, pins,
+                                      seconds)
             if masters:
                 # On a cluster, MONITOR on one master sees only its slots: enough calls
                 # are made (capture_script_call) that some land there.
@@ -638,7 +713,9 @@ def main():
                 f.write(json.dumps({"backend": backend, "overload_ratios": ratios}) + "\n")
             for cold in colds:
                 f.write(json.dumps({"cold_start": cold}) + "\n")
-        write_report(args.out, meta, results, ceilings, args.argv, overloads, colds)
+            for spike in spikes:
+                f.write(json.dumps({"cold_spike": spike}) + "\n")
+        write_report(args.out, meta, results, ceilings, args.argv, overloads, colds, spikes)
         log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
     finally:
         harness.close()

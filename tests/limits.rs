@@ -182,6 +182,56 @@ async fn silent_sockets_at_the_cap_make_room_and_busy_connections_keep_theirs() 
     server.stop().await;
 }
 
+/// Issue 33: connections that made a call and went idle no longer hold the cap. With two
+/// connections allowed, one idle past `IDLE_BEFORE_EVICTION` and one just used, a newcomer
+/// is served: the idle one gets a GOAWAY, and its client must reconnect to call again.
+#[tokio::test]
+async fn at_the_cap_the_connection_idle_longest_makes_room() {
+    let server = TestServer::start_with(&[("limits.yaml", CONFIG)], |settings| {
+        settings.grpc_limits.max_connections = 2;
+    })
+    .await;
+    let connects = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&connects);
+    let addr = server.grpc;
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let tcp = TcpStream::connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
+        }
+    });
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    let mut idle = RateLimitServiceClient::new(channel);
+    answered(&mut idle).await;
+    let mut busy = client(server.grpc).await;
+    answered(&mut busy).await;
+    tokio::time::sleep(floodgate::listener::IDLE_BEFORE_EVICTION + Duration::from_millis(200))
+        .await;
+    answered(&mut busy).await;
+    let mut newcomer = client(server.grpc).await;
+    answered(&mut newcomer).await;
+    answered(&mut busy).await;
+    // The idle connection was drained: its client's next call needs a new connection (which
+    // the cap, held by the two in use, then refuses).
+    let mut reconnected = false;
+    for _ in 0..20 {
+        let call = request("limits", vec![descriptor(&[("k", "v")])]);
+        let _ = idle.should_rate_limit(call).await;
+        if connects.load(Ordering::SeqCst) >= 2 {
+            reconnected = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reconnected, "the idle connection was not drained");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_connection_that_sends_no_call_is_closed_after_the_first_call_timeout() {
     let server = TestServer::start_with(&[("limits.yaml", CONFIG)], |settings| {

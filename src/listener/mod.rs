@@ -6,7 +6,10 @@
 //! At the cap, a newcomer is not refused while some open connection has never sent a call:
 //! the oldest such connection is closed to make room. Sockets that send nothing (or finish a
 //! TLS handshake and then stay silent) thus cannot lock clients out, neither for the first
-//! call deadline nor at all, while connections that carry calls are never closed for it.
+//! call deadline nor at all. Failing that, the connection whose latest call is oldest, if it
+//! has been idle for [`IDLE_BEFORE_EVICTION`], is drained (GOAWAY): connections that made a
+//! call and went quiet would otherwise hold the cap until keepalive or their age closed them.
+//! Connections in use are never closed for it.
 //!
 //! Connections come from TCP or, instead, from a unix socket (`unix`), with the same bounds.
 //!
@@ -17,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -67,6 +71,11 @@ const PENDING_RESETS_PER_STREAM: usize = 4;
 /// Streams the connection may reset itself over its whole life, per allowed concurrent
 /// stream (see `Connection::serve`).
 const LOCAL_RESETS_PER_STREAM: usize = 64;
+/// How long a connection must have gone without a call before it may be drained to make
+/// room at the connection cap.
+pub const IDLE_BEFORE_EVICTION: Duration = Duration::from_secs(1);
+/// Time a connection drained to make room gets to finish what it has in flight.
+const EVICTION_GRACE: Duration = Duration::from_secs(5);
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Largest share of the age taken off at random, so connections opened together (by a
@@ -88,8 +97,9 @@ pub struct GrpcLimits {
     pub max_connection_age: Option<Duration>,
     /// Time in-flight calls get after that GOAWAY before the connection is closed.
     pub max_connection_age_grace: Duration,
-    /// Open connections at most; past it a connection that never sent a call makes room,
-    /// else new connections are closed at once.
+    /// Open connections at most; past it a connection that never sent a call makes room, or
+    /// else one idle for [`IDLE_BEFORE_EVICTION`]; failing both, new connections are closed
+    /// at once.
     pub max_connections: usize,
     /// Time a new connection gets to finish its TLS handshake and send its first call;
     /// None waits forever.
@@ -157,7 +167,7 @@ pub async fn serve<L: Listen>(
     let mut stopping = stop.clone();
     let limits = Arc::new(limits);
     let mut connections = JoinSet::new();
-    let open = Arc::new(Open::default());
+    let registry = Arc::new(Registry::default());
     let mut refusing = false;
     loop {
         tokio::select! {
@@ -172,7 +182,7 @@ pub async fn serve<L: Listen>(
                         continue;
                     }
                 };
-                if connections.len() >= limits.max_connections && !open.evict_one_silent() {
+                if connections.len() >= limits.max_connections && !registry.evict_one() {
                     if !refusing {
                         tracing::warn!(
                             max = limits.max_connections,
@@ -184,14 +194,14 @@ pub async fn serve<L: Listen>(
                     continue;
                 }
                 refusing = false;
-                let registered = open.register(L::receive_stamp(&stream));
+                let registered = registry.register(L::receive_stamp(&stream));
                 let connection = Connection {
                     routes: routes.clone(),
                     limits: Arc::clone(&limits),
                     resets: resets.clone(),
                     stop: stop.clone(),
-                    load: Arc::clone(&registered.load),
-                    evicted: Arc::clone(&registered.evict),
+                    load: Arc::clone(&registered.entry.load),
+                    evicted: Arc::clone(&registered.entry.evict),
                     first_call_by: limits.first_call_timeout.map(|t| Instant::now() + t),
                 };
                 let tls = tls.as_ref().map(|tls| tls.acceptor());
@@ -225,72 +235,79 @@ pub async fn serve<L: Listen>(
     while connections.join_next().await.is_some() {}
 }
 
-/// The open connections, so that at the cap one that never sent a call can make room.
+/// The open connections, so that at the cap one that never sent a call, or else the one idle
+/// longest, can make room.
 #[derive(Default)]
-struct Open {
-    entries: parking_lot::Mutex<OpenEntries>,
+struct Registry {
+    next_id: AtomicU64,
+    entries: parking_lot::Mutex<HashMap<u64, Entry>>,
 }
 
-#[derive(Default)]
-struct OpenEntries {
-    next_id: u64,
-    by_id: HashMap<u64, Registered>,
-}
-
-/// One open connection as the registry knows it; dropped (by the connection's task) when
-/// the connection ends, which removes it.
-struct Registration {
-    open: Arc<Open>,
-    id: u64,
-    load: Arc<ConnectionLoad>,
-    evict: Arc<Notify>,
-}
-
+/// One open connection: its load, and how the registry tells it to close.
 #[derive(Clone)]
-struct Registered {
+struct Entry {
     load: Arc<ConnectionLoad>,
     evict: Arc<Notify>,
 }
 
-impl Open {
-    fn register(self: &Arc<Open>, received: Option<Arc<ReceiveStamp>>) -> Registration {
-        let registered = Registered {
+/// A connection's place in the registry, held by its task: dropped when the connection
+/// ends, which removes it.
+struct Registration {
+    registry: Arc<Registry>,
+    id: u64,
+    entry: Entry,
+}
+
+impl Registry {
+    fn register(self: &Arc<Registry>, received: Option<Arc<ReceiveStamp>>) -> Registration {
+        let entry = Entry {
             load: Arc::new(ConnectionLoad::receiving(received)),
             evict: Arc::default(),
         };
-        let mut entries = self.entries.lock();
-        entries.next_id += 1;
-        let id = entries.next_id;
-        entries.by_id.insert(id, registered.clone());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.entries.lock().insert(id, entry.clone());
         Registration {
-            open: Arc::clone(self),
+            registry: Arc::clone(self),
             id,
-            load: registered.load,
-            evict: registered.evict,
+            entry,
         }
     }
 
-    /// Closes the oldest open connection that has never sent a call, if there is one.
-    fn evict_one_silent(&self) -> bool {
+    /// Closes a connection to make room at the cap, if one may go: the oldest that never
+    /// sent a call, else the one whose latest call is oldest, once that is over
+    /// [`IDLE_BEFORE_EVICTION`] ago (it gets a GOAWAY; its client reconnects when it next
+    /// calls). Connections in use are never closed for it.
+    fn evict_one(&self) -> bool {
         let mut entries = self.entries.lock();
-        let oldest = entries
-            .by_id
+        let silent = entries
             .iter()
             .filter(|(_, entry)| entry.load.calls() == 0)
             .map(|(&id, _)| id)
             .min();
-        let Some(entry) = oldest.and_then(|id| entries.by_id.remove(&id)) else {
+        let idle_since = Instant::now().checked_sub(IDLE_BEFORE_EVICTION);
+        let idle = || {
+            entries
+                .iter()
+                .filter_map(|(&id, entry)| Some((entry.load.latest_call()?, id)))
+                .filter(|&(latest, _)| idle_since.is_some_and(|since| latest <= since))
+                .min()
+                .map(|(_, id)| id)
+        };
+        let Some(entry) = silent.or_else(idle).and_then(|id| entries.remove(&id)) else {
             return false;
         };
         entry.evict.notify_one();
-        tracing::debug!("gRPC connection limit reached: closing a connection that sent no call");
+        tracing::debug!(
+            calls = entry.load.calls(),
+            "gRPC connection limit reached: closing an unused connection"
+        );
         true
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.open.entries.lock().by_id.remove(&self.id);
+        self.registry.entries.lock().remove(&self.id);
     }
 }
 
@@ -301,15 +318,15 @@ struct Connection {
     resets: ResetCounter,
     stop: watch::Receiver<bool>,
     load: Arc<ConnectionLoad>,
-    /// Notified when the connection is closed to make room (see `Open`).
+    /// Notified when the connection is closed to make room (see `Registry::evict_one`).
     evicted: Arc<Notify>,
     /// When it must have sent its first call (`GrpcLimits::first_call_timeout`).
     first_call_by: Option<Instant>,
 }
 
 impl Connection {
-    /// Resolves once the connection must close for sending no call: evicted at the cap, or
-    /// past its first call deadline without a call.
+    /// Resolves once the connection must close: evicted at the cap, or past its first call
+    /// deadline without a call.
     fn silent_too_long(&self) -> impl Future<Output = ()> + use<> {
         let (load, evicted, first_call_by) = (
             Arc::clone(&self.load),
@@ -383,8 +400,15 @@ impl Connection {
         loop {
             tokio::select! {
                 () = &mut silent, if !draining => {
-                    tracing::debug!("gRPC connection sent no call in time: closing it");
-                    return;
+                    if self.load.calls() == 0 {
+                        tracing::debug!("gRPC connection sent no call in time: closing it");
+                        return;
+                    }
+                    // Idle, evicted at the cap: a GOAWAY, so that its client reconnects
+                    // rather than sees a call fail.
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                    closing.set(sleep_or_never(Some(EVICTION_GRACE)));
                 }
                 result = &mut connection => {
                     if let Err(error) = result {

@@ -76,23 +76,51 @@ impl Arrival {
     }
 }
 
-/// What one connection carries: descriptors in flight (for the fair share) and how many
-/// calls it has sent (for the listener, which closes connections that never send one); and
-/// how long what it reads waited unread, where the kernel says.
-#[derive(Debug, Default)]
+/// What one connection carries: descriptors in flight (for the fair share), how many calls
+/// it has sent and when its latest arrived (for the listener, which at its connection cap
+/// closes one that never sent a call, or the one idle longest); and how long what it reads
+/// waited unread, where the kernel says.
+#[derive(Debug)]
 pub struct ConnectionLoad {
     pub(super) in_flight: AtomicU64,
     calls: AtomicU64,
+    /// When the latest call arrived, in ms after `opened`.
+    latest_call_ms: AtomicU64,
+    opened: Instant,
     received: Option<Arc<ReceiveStamp>>,
 }
 
+impl Default for ConnectionLoad {
+    fn default() -> ConnectionLoad {
+        ConnectionLoad::receiving(None)
+    }
+}
+
 impl ConnectionLoad {
-    /// The load of a connection whose reads keep `received`.
+    /// The load of a connection, opened now, whose reads keep `received`.
     pub fn receiving(received: Option<Arc<ReceiveStamp>>) -> ConnectionLoad {
         ConnectionLoad {
+            in_flight: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            latest_call_ms: AtomicU64::new(0),
+            opened: Instant::now(),
             received,
-            ..ConnectionLoad::default()
         }
+    }
+
+    /// Counts a call that arrives at `at`.
+    fn called(&self, at: Instant) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let ms = at.saturating_duration_since(self.opened).as_millis();
+        self.latest_call_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// When the latest call arrived; None before the first.
+    pub fn latest_call(&self) -> Option<Instant> {
+        (self.calls() > 0).then(|| {
+            self.opened + Duration::from_millis(self.latest_call_ms.load(Ordering::Relaxed))
+        })
     }
 
     /// How long the bytes of the connection's latest read had waited unread.
@@ -138,9 +166,10 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        self.connection.calls.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        self.connection.called(now);
         request.extensions_mut().insert(Arrival {
-            at: Instant::now(),
+            at: now,
             unread: self.connection.unread(),
             connection: Arc::clone(&self.connection),
         });

@@ -63,6 +63,10 @@ COLD_SPIKE_BACKENDS = ["redis"]
 COLD_SPIKE_DESCRIPTORS = (1, 16, 64)
 COLD_SPIKE_SECONDS = 5
 COLD_SPIKE_IDLE_S = 10
+# The scaling section (issue 33): service CPUs tried, and the load.
+SCALING_CPUS = (1, 2, 4, 8)
+SCALING_IN_FLIGHT = 512
+SCALING_CONNECTIONS = 8
 # With `--overload-cpu-share`, floodgate's CPU in the overload runs is capped as a Kubernetes
 # CPU limit (a CFS quota) would cap it, in periods short enough that throttling adds as
 # little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods against
@@ -452,6 +456,57 @@ def cold_spikes(binary, harness, rules, backend, urls, pins, seconds):
     return rows
 
 
+def scaling(binary, harness, rules, seconds):
+    """How decisions/s and CPU per decision grow with the service's CPUs (issue 33): the
+    memory backend on the first N CPUs of this process's affinity, for each N of
+    SCALING_CPUS that leaves at least as many CPUs again for the generator (which must not be
+    what limits the run), at SCALING_IN_FLIGHT calls in flight over SCALING_CONNECTIONS
+    connections."""
+    cpus = sorted(os.sched_getaffinity(0))
+    rows = []
+    for n in SCALING_CPUS:
+        if 2 * n > len(cpus) and n > 1:
+            break
+        serve = ",".join(str(c) for c in cpus[:n])
+        generate = ",".join(str(c) for c in cpus[n:]) or None
+        floodgate = Floodgate(harness, binary, rules, "memory", prefix=pinned(serve, []))
+        load = ["--concurrency", str(SCALING_IN_FLIGHT), "--connections",
+                str(SCALING_CONNECTIONS), "--keys", "10000"]
+        run_bench(harness, binary, floodgate.target, load, 1, name=f"scaling-warmup-{n}",
+                  prefix=pinned(generate, []))
+        served_before = process_cpu_seconds(floodgate.proc.pid)
+        generated_before = children_cpu_seconds()
+        summary = run_bench(harness, binary, floodgate.target, load, seconds,
+                            name=f"scaling-{n}", prefix=pinned(generate, []))
+        elapsed = max(summary["elapsed_s"], 1e-9)
+        served = process_cpu_seconds(floodgate.proc.pid) - served_before
+        generated = children_cpu_seconds() - generated_before
+        floodgate.stop()
+        rows.append({"cpus": n, "generator_cpus": len(cpus) - n,
+                     "decisions_per_s": summary["decisions_per_s"],
+                     "cpu_us_per_decision": round(served * 1e6 / max(summary["decisions"], 1),
+                                                  2),
+                     "floodgate_cores": round(served / elapsed, 2),
+                     "generator_cores": round(generated / elapsed, 2)})
+        log(f"scaling: {json.dumps(rows[-1])}")
+    return rows
+
+
+def scaling_table(rows):
+    one = rows[0]
+    out = ["| service CPUs | decisions/s | / 1 CPU | floodgate CPU us/decision | / 1 CPU "
+           "| floodgate cores | generator CPUs | generator cores |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['cpus']} | {r['decisions_per_s']:,.0f} "
+                   f"| {r['decisions_per_s'] / max(one['decisions_per_s'], 1e-9):.2f} "
+                   f"| {r['cpu_us_per_decision']} "
+                   f"| {r['cpu_us_per_decision'] / max(one['cpu_us_per_decision'], 1e-9):.2f} "
+                   f"| {r['floodgate_cores']} | {r['generator_cpus']} "
+                   f"| {r['generator_cores']} |")
+    return "\n".join(out)
+
+
 def cold_spike_table(rows):
     out = [f"| backend | descriptors | spike | warm capacity/s | goodput/s, first "
            f"{COLD_SPIKE_SECONDS} s | / warm | shed/s | goodput/s after {COLD_SPIKE_IDLE_S} s idle "
@@ -519,7 +574,8 @@ def table(results):
     return "\n".join(rows)
 
 
-def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=()):
+def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(),
+                 scale=()):
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -608,6 +664,12 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
                   "Warm capacity: the goodput at "
                   f"{SATURATING_IN_FLIGHT} in flight of a replica that served 8 in flight first.",
                   "", cold_spike_table(spikes), ""]
+    if scale:
+        lines += ["## Scaling with the service's CPUs", "",
+                  f"The memory backend on 1, 2, 4 and 8 CPUs (as many as this machine leaves the "
+                  f"generator at least as many CPUs), {SCALING_IN_FLIGHT} calls in flight over "
+                  f"{SCALING_CONNECTIONS} connections, the generator on the other CPUs (taskset). "
+                  "The ratios are against the 1-CPU row.", "", scaling_table(scale), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -622,6 +684,8 @@ def main():
     parser.add_argument("--argv", default="scripts/bench-report.sh")
     parser.add_argument("--overload", action=argparse.BooleanOptionalAction, default=True,
                         help="add the overload section (memory and redis)")
+    parser.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the scaling section (memory, 1 to 8 service CPUs)")
     parser.add_argument("--cold-spikes", action=argparse.BooleanOptionalAction, default=True,
                         help="add the cold-replica spike section (redis)")
     parser.add_argument("--overload-cpu-share", type=float, metavar="SHARE",
@@ -641,7 +705,7 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
-    results, ceilings, overloads, colds, spikes = [], {}, {}, [], []
+    results, ceilings, overloads, colds, spikes, scale = [], {}, {}, [], [], []
     started = time.monotonic()
     try:
         for backend in args.backends.split(","):
@@ -702,6 +766,8 @@ def main():
             for proc in list(harness.procs):
                 harness.kill(proc)
             harness.procs.clear()
+        if args.scaling:
+            scale = scaling(args.binary, harness, rules, seconds)
         raw = os.path.splitext(args.out)[0] + ".jsonl"
         with open(raw, "w") as f:
             for result in results:
@@ -715,7 +781,10 @@ def main():
                 f.write(json.dumps({"cold_start": cold}) + "\n")
             for spike in spikes:
                 f.write(json.dumps({"cold_spike": spike}) + "\n")
-        write_report(args.out, meta, results, ceilings, args.argv, overloads, colds, spikes)
+            for row in scale:
+                f.write(json.dumps({"scaling": row}) + "\n")
+        write_report(args.out, meta, results, ceilings, args.argv, overloads, colds, spikes,
+                     scale)
         log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
     finally:
         harness.close()

@@ -132,6 +132,25 @@ async fn requests_past_the_message_size_limit_are_refused() {
     server.stop().await;
 }
 
+/// A channel to `addr` through a connector that counts the TCP connections it opens.
+async fn counting_channel(addr: std::net::SocketAddr) -> (Channel, Arc<AtomicUsize>) {
+    let connects = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&connects);
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let tcp = TcpStream::connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
+        }
+    });
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    (channel, connects)
+}
+
 /// Makes one call on `client`; panics with the status if it is not answered.
 async fn answered(client: &mut RateLimitServiceClient<Channel>) {
     let call = request("limits", vec![descriptor(&[("k", "v")])]);
@@ -191,21 +210,7 @@ async fn at_the_cap_the_connection_idle_longest_makes_room() {
         settings.grpc_limits.max_connections = 2;
     })
     .await;
-    let connects = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&connects);
-    let addr = server.grpc;
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let tcp = TcpStream::connect(addr).await?;
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
-        }
-    });
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_with_connector(connector)
-        .await
-        .unwrap();
+    let (channel, connects) = counting_channel(server.grpc).await;
     let mut idle = RateLimitServiceClient::new(channel);
     answered(&mut idle).await;
     let mut busy = client(server.grpc).await;
@@ -263,21 +268,7 @@ async fn an_aged_connection_is_drained_without_failing_its_call() {
     })
     .await;
     // Counts the TCP connections the channel opens.
-    let connects = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&connects);
-    let addr = server.grpc;
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let tcp = TcpStream::connect(addr).await?;
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
-        }
-    });
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_with_connector(connector)
-        .await
-        .unwrap();
+    let (channel, connects) = counting_channel(server.grpc).await;
     let mut client = RateLimitServiceClient::new(channel);
     let call = || request("limits", vec![descriptor(&[("k", "aged")])]);
     assert!(client.should_rate_limit(call()).await.is_ok());

@@ -266,9 +266,9 @@ async fn redis_outage_fails_fast_and_recovers_on_restart() {
     backend.ping().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_recovers_after_a_master_fails_over() {
-    let mut cluster = cluster().await;
+/// A backend on `cluster` with a 300 ms timeout, and a request on bucket `value` (1,000 an
+/// hour) it has charged once, so that the bucket's master is known to be up.
+async fn failover_backend(cluster: &RedisCluster, value: &str) -> (ClusterBackend, [Charge; 1]) {
     let backend = ClusterBackend::connect(
         &cluster.urls(),
         RedisOptions {
@@ -279,11 +279,18 @@ async fn cluster_recovers_after_a_master_fails_over() {
     .await
     .unwrap();
     let request = [charge(
-        policy(Algorithm::FixedWindow, 100, Unit::Hour),
-        "failover",
+        policy(Algorithm::FixedWindow, 1_000, Unit::Hour),
+        value,
         1,
     )];
     backend.charge(&request).await.unwrap();
+    (backend, request)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_recovers_after_a_master_fails_over() {
+    let mut cluster = cluster().await;
+    let (backend, request) = failover_backend(&cluster, "failover").await;
     let key = request[0].bucket.redis_key("fg");
     let victim = cluster.master_index_for(&key);
     let victim_port = cluster.nodes()[victim].port();
@@ -310,21 +317,7 @@ async fn cluster_recovers_after_a_master_fails_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_masters_slots_are_served_after_its_replica_takes_over() {
     let cluster = cluster().await;
-    let backend = ClusterBackend::connect(
-        &cluster.urls(),
-        RedisOptions {
-            timeout: Duration::from_millis(300),
-            ..RedisOptions::default()
-        },
-    )
-    .await
-    .unwrap();
-    let request = [charge(
-        policy(Algorithm::FixedWindow, 1_000, Unit::Hour),
-        "hung",
-        1,
-    )];
-    backend.charge(&request).await.unwrap();
+    let (backend, request) = failover_backend(&cluster, "hung").await;
     let key = request[0].bucket.redis_key("fg");
     let victim = tokio::task::block_in_place(|| cluster.master_index_for(&key));
     let masters_before = cluster.masters().len();

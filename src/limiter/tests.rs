@@ -164,19 +164,23 @@ async fn quota_statuses_deny_only_when_all_deny() {
     assert_eq!(plain_over.overall, Code::OverLimit);
 }
 
-#[tokio::test]
-async fn global_quota_mode_denies_only_when_every_descriptor_denies() {
-    let options = LimiterOptions {
-        quota_mode: true,
-        ..LimiterOptions::default()
-    };
-    let f = fixture_with(
+/// Rule `a` (5 a minute) and rule `z` (none), under global `options`.
+fn open_and_shut(options: LimiterOptions) -> Fixture {
+    fixture_with(
         vec![
             node("a", rule("a", Policy::fixed_window(5, Unit::Minute))),
             node("z", rule("z", Policy::fixed_window(0, Unit::Minute))),
         ],
         options,
-    );
+    )
+}
+
+#[tokio::test]
+async fn global_quota_mode_denies_only_when_every_descriptor_denies() {
+    let f = open_and_shut(LimiterOptions {
+        quota_mode: true,
+        ..LimiterOptions::default()
+    });
     let one_over = f.ask(vec![desc("a", "v", 1), desc("z", "v", 1)]).await;
     assert_eq!(one_over.overall, Code::Ok);
     assert_eq!(one_over.statuses[1].code, Code::OverLimit);
@@ -188,17 +192,10 @@ async fn global_quota_mode_denies_only_when_every_descriptor_denies() {
 
 #[tokio::test]
 async fn global_shadow_mode_keeps_statuses_and_bookings() {
-    let options = LimiterOptions {
+    let f = open_and_shut(LimiterOptions {
         shadow_mode: true,
         ..LimiterOptions::default()
-    };
-    let f = fixture_with(
-        vec![
-            node("a", rule("a", Policy::fixed_window(5, Unit::Minute))),
-            node("z", rule("z", Policy::fixed_window(0, Unit::Minute))),
-        ],
-        options,
-    );
+    });
     let response = f.ask(vec![desc("a", "v", 1), desc("z", "v", 1)]).await;
     assert_eq!(response.overall, Code::Ok);
     assert_eq!(response.statuses[1].code, Code::OverLimit);

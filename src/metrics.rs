@@ -144,6 +144,67 @@ pub struct Metrics {
     pub shed: Family<ReasonLabels, Counter>,
     /// StatsD lines not handed to the socket (server down, slow or unreachable).
     pub statsd_dropped: Counter,
+    /// The quota service's (RLQS) streams, buckets, reports and assignments.
+    pub rlqs: RlqsMetrics,
+}
+
+/// The metrics of the quota service (RLQS), `floodgate_rlqs_*`.
+#[derive(Clone, Default)]
+pub struct RlqsMetrics {
+    /// Open quota streams.
+    pub streams: Gauge,
+    /// Buckets held by open streams.
+    pub buckets: Gauge,
+    /// Bucket usage reports received.
+    pub reports: Counter,
+    /// Assignments sent, by strategy (`allow_all`, `deny_all`, `token_bucket`).
+    pub assignments: Family<KindLabels, Counter>,
+    /// Buckets abandoned for want of reports.
+    pub abandons: Counter,
+}
+
+/// The strategies `RlqsMetrics::assignments` counts, created up front so dashboards show 0.
+pub const RLQS_STRATEGIES: [&str; 3] = ["allow_all", "deny_all", "token_bucket"];
+
+impl RlqsMetrics {
+    /// Counts one assignment sent with `strategy` (one of [`RLQS_STRATEGIES`]).
+    pub fn assigned(&self, strategy: &str) {
+        self.assignments
+            .get_or_create(&KindLabels {
+                kind: strategy.to_owned(),
+            })
+            .inc();
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        for strategy in RLQS_STRATEGIES {
+            let _ = self.assignments.get_or_create(&KindLabels {
+                kind: strategy.to_owned(),
+            });
+        }
+        let rlqs = registry.sub_registry_with_prefix("rlqs");
+        rlqs.register("streams", "Open RLQS streams", self.streams.clone());
+        rlqs.register(
+            "buckets",
+            "Buckets held by open RLQS streams",
+            self.buckets.clone(),
+        );
+        rlqs.register(
+            "reports",
+            "RLQS bucket usage reports received",
+            self.reports.clone(),
+        );
+        rlqs.register(
+            "assignments",
+            "RLQS quota assignments sent, by strategy (kind)",
+            self.assignments.clone(),
+        );
+        rlqs.register(
+            "abandons",
+            "RLQS buckets abandoned after no report for --rlqs-abandon-after",
+            self.abandons.clone(),
+        );
+    }
 }
 
 /// Labels of the shed counter.
@@ -299,6 +360,7 @@ impl Metrics {
             ready: Gauge::default(),
             shed: Family::default(),
             statsd_dropped: Counter::default(),
+            rlqs: RlqsMetrics::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -385,6 +447,7 @@ impl Metrics {
             "StatsD lines not handed to the socket; counter deltas carry to the next flush",
             metrics.statsd_dropped.clone(),
         );
+        metrics.rlqs.register(fg);
         Metrics {
             registry,
             ..metrics

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod args;
 mod client;
+pub mod envoy_quota;
 mod stats;
 mod workload;
 

@@ -6,12 +6,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use common::{TestServer, descriptor, redis_options, request, should_rate_limit};
 use floodgate::backend::BackendSettings;
 use floodgate::bench::envoy_quota::{EnvoyBucket, Fallback};
+use floodgate::clock::{Clock, SystemClock};
 use floodgate::limiter::FailureMode;
 use floodgate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use floodgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
@@ -20,6 +21,7 @@ use floodgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming};
 
@@ -113,8 +115,11 @@ fn bucket_id(pairs: &[(&str, &str)]) -> BucketId {
     }
 }
 
+/// A bucket id's pairs, its allowed and its denied requests.
+type Reported<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+
 /// One message reporting `(id, allowed, denied)` per bucket, 500 ms apart.
-fn usages(domain: &str, buckets: &[(&[(&str, &str)], u64, u64)]) -> RateLimitQuotaUsageReports {
+fn usages(domain: &str, buckets: &[Reported<'_>]) -> RateLimitQuotaUsageReports {
     RateLimitQuotaUsageReports {
         domain: domain.to_owned(),
         bucket_quota_usages: buckets
@@ -393,6 +398,7 @@ async fn simulated_envoys_on_two_replicas_split_one_budget() {
             "window {window}: {count} admitted, limit {limit}: {windows:?}"
         );
     }
+    eprintln!("admitted per window: {windows:?}, per Envoy: {per_envoy:?}");
     // Equal demand, so neither Envoy starves.
     let total: u64 = per_envoy.iter().sum();
     for share in &per_envoy {
@@ -408,7 +414,7 @@ async fn simulated_envoy(addr: SocketAddr, offered: f64) -> HashMap<u64, u64> {
     let id: &[(&str, &str)] = &[("shared", "s")];
     let mut quota = Quota::open(addr).await;
     let start = Instant::now();
-    let mut envoy = EnvoyBucket::new(Fallback::Allow, Fallback::Allow, start);
+    let mut envoy = EnvoyBucket::new(Fallback::Allow, Fallback::Allow, start.into_std());
     let mut admitted: HashMap<u64, u64> = HashMap::new();
     let (step, report_every) = (Duration::from_millis(5), Duration::from_millis(200));
     let mut next_report = start + report_every;
@@ -420,31 +426,26 @@ async fn simulated_envoy(addr: SocketAddr, offered: f64) -> HashMap<u64, u64> {
         let now = Instant::now();
         owed += offered * now.duration_since(last).as_secs_f64();
         last = now;
-        let epoch_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after the epoch")
-            .as_secs();
+        let epoch_s = SystemClock.now_ms() as u64 / 1000;
         while owed >= 1.0 {
             owed -= 1.0;
-            if envoy.admit(now) {
+            if envoy.admit(now.into_std()) {
                 *admitted.entry(epoch_s).or_default() += 1;
             }
         }
         if now >= next_report {
             next_report += report_every;
-            let (allowed, denied, _) = envoy.take_report(now);
+            let (allowed, denied, _) = envoy.take_report(now.into_std());
             let domain = if first { "web" } else { "" };
             first = false;
             quota.send(usages(domain, &[(id, allowed, denied)])).await;
         }
         // Apply whatever arrived, without waiting.
-        while let Some(Ok(Some(answer))) =
-            tokio::time::timeout(Duration::ZERO, quota.answers.message())
-                .await
-                .ok()
+        while let Ok(Ok(Some(answer))) =
+            tokio::time::timeout(Duration::ZERO, quota.answers.message()).await
         {
             for action in &answer.bucket_action {
-                envoy.apply(action, Instant::now());
+                envoy.apply(action, Instant::now().into_std());
             }
         }
     }
@@ -531,7 +532,7 @@ async fn too_many_buckets_end_the_stream_with_resource_exhausted() {
     .await;
     let mut quota = Quota::open(server.grpc).await;
     let ids: Vec<[(&str, &str); 1]> = ["a", "b", "c"].map(|v| [("route", v)]).into();
-    let three: Vec<(&[(&str, &str)], u64, u64)> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
+    let three: Vec<Reported<'_>> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
     quota.send(usages("web", &three)).await;
     assert_eq!(quota.next().await.expect("answered").bucket_action.len(), 3);
     // The same three again are fine; a fourth is one too many.

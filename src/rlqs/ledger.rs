@@ -113,12 +113,13 @@ impl Ledger {
             }
         }
         // A booking's reset is not "until one more fits"; a spent bucket needs that one.
-        if !peeked && !(state.allowed && state.remaining > 0) {
+        let open = state.allowed && state.remaining > 0;
+        if !peeked && !open {
             state = self.peek(quota).await?;
         }
         Ok(Reading {
             budget: Budget {
-                open: state.remaining > 0 && state.allowed,
+                open: state.allowed && state.remaining > 0,
                 remaining: state.remaining,
                 reset: Duration::from_millis(state.reset_ms),
             },

@@ -51,9 +51,16 @@ struct Quota {
 
 impl Quota {
     async fn open(addr: SocketAddr) -> Quota {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
             .await
             .expect("client connects");
+        Quota::on(channel).await
+    }
+
+    async fn on(channel: tonic::transport::Channel) -> Quota {
+        let mut client = RateLimitQuotaServiceClient::new(channel);
         let (reports, receiver) = mpsc::channel(64);
         let answers = client
             .stream_rate_limit_quotas(ReceiverStream::new(receiver))
@@ -228,6 +235,24 @@ async fn unmatched_and_unlimited_buckets_are_allowed_all() {
     let mut other = Quota::open(server.grpc).await;
     let unknown = other.report("nowhere", &[("route", "a")], 5, 0).await;
     assert!(matches!(unknown, Kind::AllowAll { .. }), "{unknown:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn quota_streams_are_served_on_a_unix_socket_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("rlqs.sock");
+    let grpc_addr = format!("unix:{}", socket.display());
+    let server = TestServer::start_with(&[("web.yaml", RULES)], move |settings| {
+        settings.grpc_addr = grpc_addr;
+    })
+    .await;
+    let channel = common::unix_channel(&socket, Default::default())
+        .await
+        .expect("connects over the socket");
+    let mut quota = Quota::on(channel).await;
+    let assigned = quota.report("web", &[("route", "uds")], 1, 0).await;
+    assert!(matches!(assigned, Kind::Tokens { .. }), "{assigned:?}");
     server.stop().await;
 }
 

@@ -207,3 +207,93 @@ pub fn share(own: u64, total: u64) -> f64 {
     let own = own.max(1);
     own as f64 / total.max(own) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Limiter, LimiterOptions, QuotaRule};
+    use crate::matcher::Matcher;
+    use crate::metrics::Metrics;
+
+    const RULES: &str = "\
+domain: d
+descriptors:
+  - key: window
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: locked
+    rate_limit: {unit: hour, requests_per_unit: 2, lockout_seconds: 600}
+";
+
+    /// A ledger on a memory backend whose clock reads one second into an hour.
+    fn fixture() -> (Ledger, Limiter) {
+        let clock = Arc::new(ManualClock::new(3_600_000 * 500_000 + 1000));
+        let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(1000, clock));
+        let domain = crate::config::parse_domain("d.yaml", RULES).expect("rules parse");
+        let limiter = Limiter::new(
+            Matcher::new(vec![domain]),
+            Arc::clone(&backend),
+            Arc::new(Metrics::new()),
+            LimiterOptions::default(),
+        );
+        (Ledger::new(backend, Duration::from_secs(1)), limiter)
+    }
+
+    fn quota(limiter: &Limiter, key: &str) -> Box<QuotaBucket> {
+        let entries = [(key.to_owned(), "v".to_owned())];
+        match limiter.quota_rule("d", &entries, &demand_policy()) {
+            QuotaRule::Limited(quota) => quota,
+            QuotaRule::Unlimited => panic!("{key} has a limit"),
+        }
+    }
+
+    #[tokio::test]
+    async fn reports_book_up_to_the_limit_and_never_past_it() {
+        let (ledger, limiter) = fixture();
+        let window = quota(&limiter, "window");
+        let some = ledger.book(&window, 4, 4).await.unwrap();
+        assert_eq!((some.budget.open, some.budget.remaining), (true, 6));
+        let spent = ledger.book(&window, 100, 100).await.unwrap();
+        assert_eq!((spent.budget.open, spent.budget.remaining), (false, 0));
+        assert_eq!(spent.budget.reset, Duration::from_secs(3599));
+        // A token bucket is left empty, not in debt: one request fits again after one
+        // refill period (6 minutes at 10 an hour), not after 9 hours.
+        let tokens = quota(&limiter, "tokens");
+        let empty = ledger.book(&tokens, 100, 0).await.unwrap();
+        assert!(!empty.budget.open);
+        assert_eq!(empty.budget.reset, Duration::from_secs(360));
+    }
+
+    #[tokio::test]
+    async fn booking_past_a_lockout_rule_does_not_start_its_lock() {
+        let (ledger, limiter) = fixture();
+        let locked = quota(&limiter, "locked");
+        let spent = ledger.book(&locked, 5, 5).await.unwrap();
+        assert!(!spent.budget.open);
+        // Denied until the window ends, not for the 600 s lockout.
+        assert_eq!(spent.budget.reset, Duration::from_secs(3599));
+    }
+
+    #[tokio::test]
+    async fn demand_adds_up_over_every_stream() {
+        let (ledger, limiter) = fixture();
+        let window = quota(&limiter, "window");
+        assert_eq!(ledger.book(&window, 0, 5).await.unwrap().total_demand, 5);
+        assert_eq!(ledger.book(&window, 0, 7).await.unwrap().total_demand, 12);
+        // A read books nothing.
+        let read = ledger.book(&window, 0, 0).await.unwrap();
+        assert_eq!((read.total_demand, read.budget.remaining), (12, 10));
+    }
+
+    #[test]
+    fn a_share_counts_the_stream_at_least_once() {
+        assert_eq!(share(50, 200), 0.25);
+        assert_eq!(share(0, 0), 1.0);
+        assert_eq!(share(0, 9), 1.0 / 9.0);
+        // A total that lags the stream's own count (another clock) is never below it.
+        assert_eq!(share(30, 20), 1.0);
+    }
+}

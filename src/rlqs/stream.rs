@@ -34,6 +34,9 @@ const MIN_INTERVAL: Duration = Duration::from_millis(50);
 const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// Most bytes of bucket ids one stream may hold (the count alone would allow 2.5 GiB).
 pub const MAX_STREAM_ID_BYTES: usize = 16 << 20;
+/// Most requests a bucket's report may carry into the backend: more than any limit holds
+/// (`L` is 32 bits), and small enough that every backend's arithmetic stays exact.
+const MAX_PENDING: u64 = u32::MAX as u64;
 /// Longest sleep between checks for a rule reload.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
@@ -180,9 +183,15 @@ impl Stream {
         let bucket = &mut self.buckets[at];
         bucket.learn_interval(usage.elapsed);
         bucket.last_report = now;
-        bucket.unbooked = bucket.unbooked.saturating_add(usage.allowed);
-        let demand = usage.allowed.saturating_add(usage.denied);
-        bucket.unbooked_demand = bucket.unbooked_demand.saturating_add(demand);
+        bucket.unbooked = bucket
+            .unbooked
+            .saturating_add(usage.allowed)
+            .min(MAX_PENDING);
+        let demand = usage.allowed.saturating_add(usage.denied).min(MAX_PENDING);
+        bucket.unbooked_demand = bucket
+            .unbooked_demand
+            .saturating_add(demand)
+            .min(MAX_PENDING);
         bucket.own_count = bucket.own.add(demand);
         Ok(at)
     }

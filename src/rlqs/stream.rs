@@ -29,8 +29,9 @@ use super::wire;
 
 /// Reporting interval assumed until a report says (`time_elapsed`).
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-/// Bounds on an inferred reporting interval.
+/// Shortest reporting interval learned.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// Longest reporting interval learned.
 const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// Most bytes of bucket ids one stream may hold (the count alone would allow 2.5 GiB).
 pub const MAX_STREAM_ID_BYTES: usize = 16 << 20;
@@ -56,7 +57,8 @@ pub struct Shared {
 
 /// One bucket of the stream.
 struct Tracked {
-    id: BucketPairs,
+    /// Shared with the index, so each id is held once.
+    id: Arc<BucketPairs>,
     rule: QuotaRule,
     interval: Option<Duration>,
     last_report: Instant,
@@ -82,28 +84,28 @@ impl Tracked {
         self.interval.unwrap_or(DEFAULT_INTERVAL)
     }
 
-    /// Learns the reporting interval from a report's `time_elapsed`, smoothing jitter.
+    /// Learns the reporting interval from a report's `time_elapsed`: at once when it grows,
+    /// slowly when it shrinks, so jitter or a first report sent early never gives TTLs that
+    /// end before the next report. Shorter than [`MIN_INTERVAL`] says nothing (the first
+    /// report of a bucket may come right after its first request).
     fn learn_interval(&mut self, elapsed: Duration) {
-        if elapsed.is_zero() {
+        if elapsed < MIN_INTERVAL {
             return;
         }
-        let elapsed = elapsed.clamp(MIN_INTERVAL, MAX_INTERVAL);
+        let elapsed = elapsed.min(MAX_INTERVAL);
         self.interval = Some(match self.interval {
-            None => elapsed,
-            Some(known) => (known + elapsed) / 2,
+            Some(known) if elapsed < known => (known * 3 + elapsed) / 4,
+            _ => elapsed,
         });
     }
 }
-
-/// Why a stream ends.
-pub type Ended = Status;
 
 /// The state of one stream.
 pub struct Stream {
     shared: Arc<Shared>,
     domain: Option<String>,
     buckets: Vec<Tracked>,
-    index: HashMap<BucketPairs, usize>,
+    index: HashMap<Arc<BucketPairs>, usize>,
     id_bytes: usize,
     rules: Arc<Matcher>,
 }
@@ -130,7 +132,7 @@ impl Stream {
     pub async fn report(
         &mut self,
         message: RateLimitQuotaUsageReports,
-    ) -> Result<Vec<BucketAction>, Ended> {
+    ) -> Result<Vec<BucketAction>, Status> {
         let domain = validate::domain(self.domain.as_deref(), &message.domain)
             .map_err(|why| Status::invalid_argument(why.0))?;
         self.domain = Some(domain);
@@ -174,7 +176,7 @@ impl Stream {
     }
 
     /// Finds or adds the reported bucket, and counts its report. Returns its index.
-    fn record(&mut self, usage: Usage, now: Instant) -> Result<usize, Ended> {
+    fn record(&mut self, usage: Usage, now: Instant) -> Result<usize, Status> {
         self.shared.metrics.reports.inc();
         let at = match self.index.get(&usage.id) {
             Some(&at) => at,
@@ -196,7 +198,7 @@ impl Stream {
         Ok(at)
     }
 
-    fn add(&mut self, id: BucketPairs, now: Instant) -> Result<usize, Ended> {
+    fn add(&mut self, id: BucketPairs, now: Instant) -> Result<usize, Status> {
         let max = self.shared.settings.max_buckets;
         if self.buckets.len() >= max {
             return Err(Status::resource_exhausted(format!(
@@ -212,7 +214,8 @@ impl Stream {
         self.id_bytes += bytes;
         let rule = self.resolve(&id);
         let at = self.buckets.len();
-        self.index.insert(id.clone(), at);
+        let id = Arc::new(id);
+        self.index.insert(Arc::clone(&id), at);
         self.buckets.push(Tracked {
             id,
             rule,
@@ -266,7 +269,7 @@ impl Stream {
             let gone = self.buckets.swap_remove(at);
             self.index.remove(&gone.id);
             if let Some(moved) = self.buckets.get(at) {
-                self.index.insert(moved.id.clone(), at);
+                self.index.insert(Arc::clone(&moved.id), at);
             }
             self.id_bytes -= gone
                 .id
@@ -384,11 +387,47 @@ impl Stream {
 }
 
 impl Drop for Stream {
+    /// The stream's buckets leave the gauges with it.
     fn drop(&mut self) {
         self.shared.metrics.streams.dec();
         self.shared
             .metrics
             .buckets
             .dec_by(self.buckets.len() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracked() -> Tracked {
+        Tracked {
+            id: Arc::new(vec![("k".to_owned(), "v".to_owned())]),
+            rule: QuotaRule::Unlimited,
+            interval: None,
+            last_report: Instant::now(),
+            unbooked: 0,
+            unbooked_demand: 0,
+            own: OwnDemand::default(),
+            own_count: 0,
+            sent: None,
+            next_look: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn the_interval_grows_at_once_and_shrinks_slowly() {
+        let mut bucket = tracked();
+        bucket.learn_interval(Duration::from_millis(3));
+        assert_eq!(bucket.interval(), DEFAULT_INTERVAL);
+        bucket.learn_interval(Duration::from_millis(400));
+        assert_eq!(bucket.interval(), Duration::from_millis(400));
+        bucket.learn_interval(Duration::from_secs(2));
+        assert_eq!(bucket.interval(), Duration::from_secs(2));
+        bucket.learn_interval(Duration::from_secs(1));
+        assert_eq!(bucket.interval(), Duration::from_millis(1750));
+        bucket.learn_interval(Duration::from_secs(86_400));
+        assert_eq!(bucket.interval(), MAX_INTERVAL);
     }
 }

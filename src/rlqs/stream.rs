@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
+use futures::{StreamExt, stream};
 use tokio::time::Instant;
 use tonic::Status;
 
@@ -38,6 +38,9 @@ pub const MAX_STREAM_ID_BYTES: usize = 16 << 20;
 /// Most requests a bucket's report may carry into the backend: more than any limit holds
 /// (`L` is 32 bits), and small enough that every backend's arithmetic stays exact.
 const MAX_PENDING: u64 = u32::MAX as u64;
+/// Backend calls one stream has in flight at once, so a report of 10,000 buckets does not
+/// queue 10,000 calls ahead of every other caller's.
+const CONCURRENT_BOOKINGS: usize = 64;
 /// Longest sleep between checks for a rule reload.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
@@ -283,24 +286,31 @@ impl Stream {
         actions
     }
 
-    /// Books and sizes the buckets at `indexes` (their backend calls all at once), and
+    /// Books and sizes the buckets at `indexes` (their backend calls concurrently), and
     /// returns what to push. `answer`: a report asked, so every bucket is answered, with
     /// the assignment in force when the new one did not move enough.
     async fn look(&mut self, indexes: &[usize], now: Instant, answer: bool) -> Vec<BucketAction> {
         let ledger = &self.shared.ledger;
         let buckets = &self.buckets;
-        let readings = join_all(indexes.iter().map(|&at| async move {
-            let bucket = &buckets[at];
-            match &bucket.rule {
-                QuotaRule::Unlimited => None,
-                QuotaRule::Limited(quota) => Some(
-                    ledger
-                        .book(quota, bucket.unbooked, bucket.unbooked_demand)
-                        .await,
-                ),
-            }
-        }))
-        .await;
+        // Collected first: a stream over a closure's futures is not `Send` to the compiler.
+        let jobs: Vec<_> = indexes
+            .iter()
+            .map(|&at| async move {
+                let bucket = &buckets[at];
+                match &bucket.rule {
+                    QuotaRule::Unlimited => None,
+                    QuotaRule::Limited(quota) => Some(
+                        ledger
+                            .book(quota, bucket.unbooked, bucket.unbooked_demand)
+                            .await,
+                    ),
+                }
+            })
+            .collect();
+        let readings: Vec<_> = stream::iter(jobs)
+            .buffered(CONCURRENT_BOOKINGS)
+            .collect()
+            .await;
         indexes
             .iter()
             .zip(readings)

@@ -290,6 +290,19 @@ async fn a_bucket_gets_a_token_bucket_then_deny_all_until_the_refill() {
         common::sample(&text, "floodgate_rlqs_assignments_total{kind=\"deny_all\"}"),
         Some(2.0)
     );
+    // A closed stream leaves the gauges with its buckets.
+    drop(quota);
+    let mut left = (None, None);
+    let gone = common::eventually(Duration::from_secs(10), async || {
+        let text = common::scrape(server.http).await;
+        left = (
+            common::sample(&text, "floodgate_rlqs_streams"),
+            common::sample(&text, "floodgate_rlqs_buckets"),
+        );
+        left == (Some(0.0), Some(0.0))
+    })
+    .await;
+    assert!(gone, "streams and buckets left: {left:?}");
     server.stop().await;
 }
 

@@ -5,6 +5,9 @@ use clap::Args;
 use super::GoDuration;
 use crate::rlqs::{DEFAULT_MAX_BUCKETS, RlqsSettings};
 
+/// Longest `--rlqs-abandon-after`: a bucket unreported for a day is gone.
+const MAX_ABANDON_AFTER: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 /// Default of `--rlqs-abandon-after`.
 pub const DEFAULT_RLQS_ABANDON_AFTER: &str = "60s";
 
@@ -21,8 +24,8 @@ pub struct RlqsArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     pub rlqs_max_buckets: usize,
-    /// A bucket that a stream has not reported for this long (Go syntax: 60s, 5m) is
-    /// answered with abandon_action and forgotten.
+    /// A bucket that a stream has not reported for this long (Go syntax: 60s, 5m; at most
+    /// 24h) is answered with abandon_action and forgotten.
     #[arg(long, env = "FLOODGATE_RLQS_ABANDON_AFTER", value_name = "DURATION", default_value = DEFAULT_RLQS_ABANDON_AFTER)]
     pub rlqs_abandon_after: GoDuration,
 }
@@ -31,10 +34,11 @@ impl RlqsArgs {
     /// The settings these flags give.
     ///
     /// # Errors
-    /// A zero abandon time.
+    /// An abandon time of zero or over a day.
     pub fn settings(&self) -> Result<RlqsSettings, String> {
-        if self.rlqs_abandon_after.0.is_zero() {
-            return Err("--rlqs-abandon-after must be more than 0".to_owned());
+        let abandon = self.rlqs_abandon_after.0;
+        if abandon.is_zero() || abandon > MAX_ABANDON_AFTER {
+            return Err("--rlqs-abandon-after must be more than 0 and at most 24h".to_owned());
         }
         Ok(RlqsSettings {
             max_buckets: self.rlqs_max_buckets,

@@ -178,3 +178,21 @@ fn redis_passwords_never_reach_debug_or_display() {
         "{err}"
     );
 }
+
+#[test]
+fn rlqs_flags_become_settings() {
+    let defaults = serve(&[]).rlqs.settings().unwrap();
+    assert_eq!(defaults, crate::rlqs::RlqsSettings::default());
+    let set = serve(&["--rlqs-max-buckets", "5", "--rlqs-abandon-after", "2m"]);
+    assert_eq!(
+        set.rlqs.settings().unwrap(),
+        crate::rlqs::RlqsSettings {
+            max_buckets: 5,
+            abandon_after: Duration::from_secs(120),
+        }
+    );
+    for bad in ["0s", "25h"] {
+        let args = serve(&["--rlqs-abandon-after", bad]);
+        assert!(args.rlqs.settings().is_err(), "{bad}");
+    }
+}

@@ -170,10 +170,11 @@ impl Stream {
         let mut wake = now + MAX_SLEEP;
         for bucket in &self.buckets {
             // Rule reloads are checked at least once per reporting interval.
-            let soonest = (now + bucket.interval())
-                .min(bucket.next_look)
-                .min(bucket.last_report + abandon);
+            let soonest = (now + bucket.interval()).min(bucket.next_look);
             wake = wake.min(soonest);
+            if let Some(quiet) = bucket.last_report.checked_add(abandon) {
+                wake = wake.min(quiet);
+            }
         }
         wake.max(now + MIN_SLEEP)
     }
@@ -265,7 +266,8 @@ impl Stream {
         let mut actions = Vec::new();
         let mut at = 0;
         while at < self.buckets.len() {
-            if self.buckets[at].last_report + abandon > now {
+            let quiet = self.buckets[at].last_report.checked_add(abandon);
+            if quiet.is_none_or(|quiet| quiet > now) {
                 at += 1;
                 continue;
             }

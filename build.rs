@@ -7,12 +7,13 @@ use std::process::Command;
 
 use prost::Message;
 
-/// The proto files that define floodgate's gRPC surface (the RLS it serves, the ADS it
-/// subscribes to and the rule resource it receives); the rest are their imports.
+/// The proto files that define floodgate's gRPC surface (the RLS and RLQS it serves, the ADS
+/// it subscribes to and the rule resource it receives); the rest are their imports.
 const PROTOS: &[&str] = &[
     "envoy/service/ratelimit/v3/rls.proto",
     "envoy/service/discovery/v3/ads.proto",
     "ratelimit/config/ratelimit/v3/rls_conf.proto",
+    "envoy/service/rate_limit_quota/v3/rlqs.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

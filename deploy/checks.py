@@ -486,6 +486,45 @@ def check_envoy():
     check_descriptors(where, domain, descriptors, DEPLOY / "envoy" / "floodgate-rules.yaml")
 
 
+def check_envoy_rlqs():
+    """The RLQS example: a valid Bootstrap whose quota filter streams to an HTTP/2 cluster,
+    and whose bucket ids, pairs sorted by key, each match a limit of the shared rules."""
+    path = DEPLOY / "envoy" / "envoy-rlqs.yaml"
+    where = str(path.relative_to(REPO))
+    (doc,) = load_all(path)
+    before = len(failures)
+    if parse_envoy(doc, "envoy.config.bootstrap.v3.Bootstrap", where) is None:
+        return
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    rules_path = DEPLOY / "envoy" / "floodgate-rules.yaml"
+    rules = load_rules(rules_path, str(rules_path.relative_to(REPO)))
+    quota_filters = [f["typed_config"] for listener in doc["static_resources"]["listeners"]
+                     for chain in listener["filter_chains"] for network_filter in chain["filters"]
+                     for f in network_filter["typed_config"].get("http_filters", [])
+                     if f["name"] == "envoy.filters.http.rate_limit_quota"]
+    if not quota_filters:
+        fail(where, "no envoy.filters.http.rate_limit_quota filter")
+    for config in quota_filters:
+        cluster = clusters.get(config["rlqs_server"]["envoy_grpc"]["cluster_name"])
+        options = (cluster or {}).get("typed_extension_protocol_options", {}).get(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
+        if cluster is None or "http2_protocol_options" not in options.get("explicit_http_config", {}):
+            fail(where, "the rlqs_server cluster must exist and speak HTTP/2")
+        if config["domain"] != rules["domain"]:
+            fail(where, f"domain {config['domain']!r} but the rules declare {rules['domain']!r}")
+        matchers = config["bucket_matchers"]
+        actions = [m["on_match"]["action"] for m in matchers.get("matcher_list", {}).get("matchers", [])]
+        if "on_no_match" in matchers:
+            actions.append(matchers["on_no_match"]["action"])
+        for action in actions:
+            builder = action["typed_config"]["bucket_id_builder"]["bucket_id_builder"]
+            entries = [(key, value.get("string_value")) for key, value in sorted(builder.items())]
+            if match(rules, entries) is None:
+                fail(where, f"bucket id {entries} matches no limit in {rules_path.name}")
+    if len(failures) == before:
+        ok(f"{where}: a valid Bootstrap whose bucket ids match {rules_path.name}")
+
+
 # ---------------------------------------------------------------- Dockerfile
 
 def check_dockerfile():
@@ -658,6 +697,7 @@ def main():
             extract_rules(work, render, config_map, listing)
     check_istio(renders)
     check_envoy()
+    check_envoy_rlqs()
     copy_rules(work, "example-istio", DEPLOY / "istio" / "floodgate-rules.yaml", listing)
     copy_rules(work, "example-envoy", DEPLOY / "envoy" / "floodgate-rules.yaml", listing)
     check_dockerfile()

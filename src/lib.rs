@@ -15,6 +15,8 @@
 //!   streams, age, keepalive).
 //! - `tls`: gRPC server TLS / mTLS from files reloaded on change.
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
+//! - `rlqs`: gRPC RateLimitQuotaService (RLQS): usage reports booked into the limiter's
+//!   buckets, quota assignments pushed back.
 //! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
 //! - `dynamic_metadata`: the dynamic metadata of an answer (`--response-dynamic-metadata`).
 //! - `headers`: `RateLimit-*` response headers.
@@ -53,6 +55,7 @@ pub mod overload;
 pub mod proto;
 pub mod redact;
 pub mod reload;
+pub mod rlqs;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -117,8 +117,17 @@ fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(floodgate::bench::run(args)) {
-        Ok(summary) => match serde_json::to_string(&summary) {
+    let line = if args.rlqs {
+        runtime
+            .block_on(floodgate::bench::quota::run(args))
+            .map(|summary| serde_json::to_string(&summary))
+    } else {
+        runtime
+            .block_on(floodgate::bench::run(args))
+            .map(|summary| serde_json::to_string(&summary))
+    };
+    match line {
+        Ok(json) => match json {
             Ok(line) => {
                 println!("{line}");
                 ExitCode::SUCCESS

@@ -148,6 +148,8 @@ pub struct Metrics {
     /// Streams (`RST_STREAM`) and connections (`GOAWAY` with an error) the HTTP/2 layer
     /// reset, by error code (`crate::listener` counts them as they are sent).
     pub http2_resets: Family<Http2ResetLabels, Counter>,
+    /// The quota service's (RLQS) streams, buckets, reports and assignments.
+    pub rlqs: RlqsMetrics,
 }
 
 /// Labels of the HTTP/2 reset counter.
@@ -157,6 +159,65 @@ pub struct Http2ResetLabels {
     pub kind: &'static str,
     /// The HTTP/2 error code's name, e.g. `PROTOCOL_ERROR`, `REFUSED_STREAM`.
     pub code: String,
+}
+
+/// The metrics of the quota service (RLQS), `floodgate_rlqs_*`.
+#[derive(Clone, Default)]
+pub struct RlqsMetrics {
+    /// Open quota streams.
+    pub streams: Gauge,
+    /// Buckets held by open streams.
+    pub buckets: Gauge,
+    /// Bucket usage reports received.
+    pub reports: Counter,
+    /// Assignments sent, by strategy (`allow_all`, `deny_all`, `token_bucket`).
+    pub assignments: Family<KindLabels, Counter>,
+    /// Buckets abandoned for want of reports.
+    pub abandons: Counter,
+}
+
+/// The strategies `RlqsMetrics::assignments` counts, created up front so dashboards show 0.
+pub const RLQS_STRATEGIES: [&str; 3] = ["allow_all", "deny_all", "token_bucket"];
+
+impl RlqsMetrics {
+    /// Counts one assignment sent with `strategy` (one of [`RLQS_STRATEGIES`]).
+    pub fn assigned(&self, strategy: &str) {
+        self.assignments
+            .get_or_create(&KindLabels {
+                kind: strategy.to_owned(),
+            })
+            .inc();
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        for strategy in RLQS_STRATEGIES {
+            let _ = self.assignments.get_or_create(&KindLabels {
+                kind: strategy.to_owned(),
+            });
+        }
+        let rlqs = registry.sub_registry_with_prefix("rlqs");
+        rlqs.register("streams", "Open RLQS streams", self.streams.clone());
+        rlqs.register(
+            "buckets",
+            "Buckets held by open RLQS streams",
+            self.buckets.clone(),
+        );
+        rlqs.register(
+            "reports",
+            "RLQS bucket usage reports received",
+            self.reports.clone(),
+        );
+        rlqs.register(
+            "assignments",
+            "RLQS quota assignments sent, by strategy (kind)",
+            self.assignments.clone(),
+        );
+        rlqs.register(
+            "abandons",
+            "RLQS buckets abandoned after no report for --rlqs-abandon-after",
+            self.abandons.clone(),
+        );
+    }
 }
 
 /// Labels of the shed counter.
@@ -313,6 +374,7 @@ impl Metrics {
             shed: Family::default(),
             statsd_dropped: Counter::default(),
             http2_resets: Family::default(),
+            rlqs: RlqsMetrics::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -411,6 +473,7 @@ impl Metrics {
             "Streams and connections the HTTP/2 layer reset before their calls reached the service",
             metrics.http2_resets.clone(),
         );
+        metrics.rlqs.register(fg);
         Metrics {
             registry,
             ..metrics

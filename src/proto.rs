@@ -1,4 +1,4 @@
-//! Generated protobuf and gRPC code for Envoy's RLS v3 and the xDS rule source (from
+//! Generated protobuf and gRPC code for Envoy's RLS v3 and RLQS v3 and the xDS rule source (from
 //! `proto/`), with proto3 JSON.
 //!
 //! The modules mirror the protobuf packages because generated code refers to other packages
@@ -52,6 +52,11 @@ pub mod envoy {
                 package!("envoy.service.discovery.v3");
             }
         }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                package!("envoy.service.rate_limit_quota.v3");
+            }
+        }
     }
 }
 
@@ -74,6 +79,7 @@ pub mod ratelimit {
 pub use envoy::config::core::v3 as core;
 pub use envoy::extensions::common::ratelimit::v3 as common;
 pub use envoy::service::discovery::v3 as discovery;
+pub use envoy::service::rate_limit_quota::v3 as rlqs;
 pub use envoy::service::ratelimit::v3 as rls;
 pub use envoy::r#type::v3 as types;
 pub use ratelimit::config::ratelimit::v3 as rls_conf;

@@ -1,4 +1,4 @@
-//! Wires the service together: config, backend, limiter, gRPC (RLS + health), admin HTTP,
+//! Wires the service together: config, backend, limiter, gRPC (RLS, RLQS, health), admin HTTP,
 //! config reload, readiness, and graceful shutdown.
 //!
 //! `Server::bind` does everything that can fail at startup (load rules, reach the backend,
@@ -26,8 +26,10 @@ use crate::matcher::Matcher;
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::otel::TracingSettings;
 use crate::overload::{Admission, ShedReason};
+use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
+use crate::rlqs::{QuotaService, RlqsSettings};
 use crate::service::RlsService;
 use crate::statsd::{Sink, StatsdSettings};
 use crate::tls::{self, ReloadingAcceptor, TlsError, TlsFiles};
@@ -77,6 +79,8 @@ pub struct Settings {
     pub tracing: Option<TracingSettings>,
     /// StatsD / DogStatsD export, when on.
     pub statsd: Option<StatsdSettings>,
+    /// The quota service (RLQS) served beside RLS.
+    pub rlqs: RlqsSettings,
 }
 
 /// Serving and readiness without rules, as the reference's `FORCE_START_WITHOUT_INITIAL_CONFIG`
@@ -285,6 +289,11 @@ impl Server {
             }
         };
         let max_message = self.settings.grpc_limits.max_message_bytes;
+        let quota = QuotaService::new(
+            Arc::clone(&self.limiter),
+            self.settings.rlqs,
+            stop_rx_for_grpc.clone(),
+        );
         let routes = tonic::service::Routes::new(
             health_service
                 .max_decoding_message_size(max_message)
@@ -293,6 +302,7 @@ impl Server {
         .add_service(
             RateLimitServiceServer::new(service.clone()).max_decoding_message_size(max_message),
         )
+        .add_service(RateLimitQuotaServiceServer::new(quota).max_decoding_message_size(max_message))
         .prepare();
         let tls_watch = self
             .tls

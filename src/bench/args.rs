@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::envoy_quota::Fallback;
+
 /// Default run length.
 pub const DEFAULT_DURATION: &str = "10s";
 /// Longest run accepted: a forgotten bench never loads a machine for more than an hour.
@@ -95,6 +97,40 @@ pub struct BenchArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Run simulated Envoys on quota (RLQS) streams instead of ShouldRateLimit calls; prints
+    /// what they admitted per window against `--rlqs-limit` and the push latency.
+    #[arg(long)]
+    pub rlqs: bool,
+    /// With `--rlqs`: simulated Envoys, one stream each.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub rlqs_streams: usize,
+    /// With `--rlqs`: buckets each Envoy reports, `{--key: b<i>}`, the same on every Envoy.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub rlqs_buckets: usize,
+    /// With `--rlqs`: requests each Envoy offers each bucket.
+    #[arg(long, value_name = "N/s", default_value = "100/s")]
+    pub rlqs_offered: Rate,
+    /// With `--rlqs`: each Envoy's reporting interval.
+    #[arg(long, value_name = "TIME", default_value = "500ms", value_parser = parse_duration)]
+    pub rlqs_report_interval: Duration,
+    /// With `--rlqs`: the rule's limit per `--rlqs-window`, for the admitted ratio.
+    #[arg(long, value_name = "N")]
+    pub rlqs_limit: Option<u64>,
+    /// With `--rlqs`: the rule's window; admitted counts are per epoch-aligned window.
+    #[arg(long, value_name = "TIME", default_value = "1s", value_parser = parse_duration)]
+    pub rlqs_window: Duration,
+    /// With `--rlqs`: windows starting within this time of the start are not counted.
+    #[arg(long, value_name = "TIME", default_value = "3s", value_parser = parse_duration)]
+    pub rlqs_warmup: Duration,
+    /// With `--rlqs`: what an Envoy does before its first assignment and after one expires.
+    #[arg(long, value_enum, default_value_t = Fallback::Allow)]
+    pub rlqs_no_assignment: Fallback,
+    /// With `--rlqs`: another replica's gRPC address (repeatable); streams alternate over
+    /// `--target` and these.
+    #[arg(long, value_name = "ADDR")]
+    pub rlqs_replica: Vec<SocketAddr>,
 }
 
 impl BenchArgs {
@@ -128,6 +164,20 @@ impl BenchArgs {
             if self.record_window < Duration::from_secs(1) {
                 return Err("--record-window must be at least 1s".into());
             }
+        }
+        if let Some(replica) = self
+            .rlqs_replica
+            .iter()
+            .find(|addr| !addr.ip().is_loopback())
+        {
+            return Err(format!(
+                "--rlqs-replica {replica} is not a loopback address: bench only loads 127.0.0.1 or ::1"
+            ));
+        }
+        if self.rlqs_report_interval < Duration::from_millis(10) || self.rlqs_window.is_zero() {
+            return Err(
+                "--rlqs-report-interval must be at least 10ms and --rlqs-window positive".into(),
+            );
         }
         if self.domain.is_empty() || self.key.is_empty() || self.over_limit_key.is_empty() {
             return Err("--domain, --key and --over-limit-key must not be empty".into());

@@ -7,6 +7,8 @@
 //! is bounded by `--duration` (and `--count`); targets are loopback only. While it runs it
 //! prints a progress line a second on stderr; at the end, one JSON summary line on stdout.
 //!
+//! `--rlqs` runs simulated Envoys on quota streams instead (`quota`).
+//!
 //! `--record FILE` keeps per-key results (OK answers per fixed window, errors per second)
 //! for the chaos soak, which checks admitted counts against limits across replicas.
 #![allow(
@@ -20,6 +22,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod args;
 mod client;
+pub mod envoy_quota;
+pub mod quota;
 mod stats;
 mod workload;
 

@@ -27,6 +27,7 @@ mod choices;
 pub mod duration;
 mod plaintext;
 pub mod reference_env;
+mod rlqs_args;
 mod statsd_args;
 mod topology_args;
 mod tracing_args;
@@ -35,6 +36,7 @@ mod xds_args;
 pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, RedisScripting, ResponseHeaders};
 pub use duration::GoDuration;
+pub use rlqs_args::RlqsArgs;
 pub use statsd_args::StatsdArgs;
 pub use topology_args::TopologyArgs;
 pub use tracing_args::TracingArgs;
@@ -364,6 +366,9 @@ pub struct ServeArgs {
     /// StatsD / DogStatsD export.
     #[command(flatten)]
     pub statsd: StatsdArgs,
+    /// The quota service (RLQS).
+    #[command(flatten)]
+    pub rlqs: RlqsArgs,
     /// Redis Sentinel and a second backend for per-second rules.
     #[command(flatten)]
     pub topology: TopologyArgs,
@@ -472,6 +477,7 @@ impl ServeArgs {
             response_dynamic_metadata: self.response_dynamic_metadata,
             tracing: self.tracing.settings()?,
             statsd: self.statsd.settings()?,
+            rlqs: self.rlqs.settings()?,
         })
     }
 

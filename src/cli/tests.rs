@@ -133,7 +133,7 @@ fn every_serve_flag_has_its_env_var() {
         .get_arguments()
         .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
         .collect();
-    assert_eq!(flags.len(), 73);
+    assert_eq!(flags.len(), 75);
     for arg in flags {
         let long = arg.get_long().unwrap();
         let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));
@@ -177,4 +177,22 @@ fn redis_passwords_never_reach_debug_or_display() {
         !err.contains("s3cret") && err.contains("***@h:6379"),
         "{err}"
     );
+}
+
+#[test]
+fn rlqs_flags_become_settings() {
+    let defaults = serve(&[]).rlqs.settings().unwrap();
+    assert_eq!(defaults, crate::rlqs::RlqsSettings::default());
+    let set = serve(&["--rlqs-max-buckets", "5", "--rlqs-abandon-after", "2m"]);
+    assert_eq!(
+        set.rlqs.settings().unwrap(),
+        crate::rlqs::RlqsSettings {
+            max_buckets: 5,
+            abandon_after: Duration::from_secs(120),
+        }
+    );
+    for bad in ["0s", "25h"] {
+        let args = serve(&["--rlqs-abandon-after", bad]);
+        assert!(args.rlqs.settings().is_err(), "{bad}");
+    }
 }

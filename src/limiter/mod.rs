@@ -7,6 +7,7 @@
 //! `on_over_limit: reject`: the backend undoes those bookings, atomically where it can.
 
 mod local_cache;
+mod quota;
 pub mod request;
 
 use std::borrow::Cow;
@@ -27,6 +28,7 @@ use crate::otel;
 use crate::overload::{self, Deadline, ShedReason};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
+pub use quota::{QuotaBucket, QuotaRule};
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 
 /// What to answer when the backend fails (docs/requests.md#backend-failure).

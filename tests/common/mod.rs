@@ -155,6 +155,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         response_dynamic_metadata: false,
         tracing: None,
         statsd: None,
+        rlqs: Default::default(),
     }
 }
 

@@ -1,0 +1,236 @@
+//! Sizing one stream's assignment for one bucket, and the hysteresis that decides whether a
+//! new size is worth pushing. Pure: the stream hands in what the backend said.
+//!
+//! A stream gets a token bucket whose fill rate is its share of the bucket's rate (`L / W`,
+//! or for a fixed window whatever is left of it until the reset), and whose size is a small
+//! fraction of its share of what is left ([`BURST_FRACTION`]): Envoy starts every changed
+//! assignment full, so the size is what one change can admit at once. The rates of all
+//! streams add up to `(1 - BURST_FRACTION)` of the limit, leaving the bursts room. A spent
+//! budget is `DENY_ALL` until it refills.
+
+use std::time::Duration;
+
+use crate::rules::{Algorithm, Policy};
+
+/// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
+pub const BURST_FRACTION: f64 = 0.05;
+/// A pushed rate stands while the new one is at most this much lower...
+pub const LOWER_BY: f64 = 0.10;
+/// ...or at most this much higher. Lower moves are pushed sooner: they bound overshoot.
+pub const HIGHER_BY: f64 = 0.25;
+/// An assignment lives this many reporting intervals unless refreshed.
+pub const TTL_INTERVALS: u32 = 2;
+
+/// What a client does with a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Admit everything.
+    AllowAll,
+    /// Deny everything.
+    DenyAll,
+    /// Envoy's token bucket: starts with `max_tokens`, gains `tokens_per_fill` every
+    /// `fill_interval`.
+    TokenBucket {
+        /// Capacity, and the tokens a new bucket starts with.
+        max_tokens: u32,
+        /// Tokens added each fill.
+        tokens_per_fill: u32,
+        /// Time between fills.
+        fill_interval: Duration,
+    },
+}
+
+impl Strategy {
+    /// The label of the `floodgate_rlqs_assignments` metric.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Strategy::AllowAll => "allow_all",
+            Strategy::DenyAll => "deny_all",
+            Strategy::TokenBucket { .. } => "token_bucket",
+        }
+    }
+
+    /// Tokens per second of a token bucket.
+    fn rate(&self) -> Option<f64> {
+        match self {
+            Strategy::TokenBucket {
+                tokens_per_fill,
+                fill_interval,
+                ..
+            } => Some(f64::from(*tokens_per_fill) / fill_interval.as_secs_f64()),
+            _ => None,
+        }
+    }
+}
+
+/// A strategy and how long it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assignment {
+    /// What to do.
+    pub strategy: Strategy,
+    /// When the client drops it (and applies its expired-assignment behaviour).
+    pub ttl: Duration,
+}
+
+/// The bucket's budget as the backend saw it when a report was booked (or on a peek).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Whether one more request fits now.
+    pub open: bool,
+    /// Requests left.
+    pub remaining: u64,
+    /// Time until the reset the algorithm defines (for a closed budget: until one fits).
+    pub reset: Duration,
+}
+
+/// Sizes a stream's assignment: `share` (0..=1) of `budget` under `policy`, for a client
+/// reporting every `interval`.
+pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> Assignment {
+    let ttl = interval * TTL_INTERVALS;
+    if !budget.open || policy.requests_per_unit == 0 {
+        return Assignment {
+            strategy: Strategy::DenyAll,
+            ttl: budget.reset.max(Duration::from_millis(1)),
+        };
+    }
+    let share = share.clamp(0.0, 1.0);
+    let window = Duration::from_millis(policy.window_ms().max(1));
+    let limit = f64::from(policy.requests_per_unit);
+    let mut per_second = limit / window.as_secs_f64();
+    // A fixed window spent early by others (ShouldRateLimit, other replicas) has less
+    // than `L / W` left; near the reset the estimate is noise, and the refill is close.
+    if policy.algorithm == Algorithm::FixedWindow && budget.reset >= ttl {
+        per_second = per_second.min(budget.remaining as f64 / budget.reset.as_secs_f64());
+    }
+    let capacity = match policy.algorithm {
+        Algorithm::TokenBucket => u64::from(policy.burst),
+        _ => u64::from(policy.requests_per_unit),
+    };
+    let burst = (share * capacity.min(budget.remaining) as f64 * BURST_FRACTION).ceil();
+    let rate = share * per_second * (1.0 - BURST_FRACTION);
+    Assignment {
+        strategy: token_bucket(burst, rate),
+        ttl,
+    }
+}
+
+/// A token bucket of `burst` tokens (at least 1) refilled at `rate` per second (at least
+/// one token per hour), with an integer `tokens_per_fill` and a millisecond interval.
+fn token_bucket(burst: f64, rate: f64) -> Strategy {
+    const MIN_RATE: f64 = 1.0 / 3600.0;
+    let rate = rate.max(MIN_RATE);
+    let tokens_per_fill = rate.round().clamp(1.0, f64::from(u32::MAX));
+    let fill_ms = (tokens_per_fill * 1000.0 / rate).round().max(1.0);
+    Strategy::TokenBucket {
+        max_tokens: burst.clamp(1.0, f64::from(u32::MAX)) as u32,
+        tokens_per_fill: tokens_per_fill as u32,
+        fill_interval: Duration::from_millis(fill_ms as u64),
+    }
+}
+
+/// Whether `next` differs enough from the pushed `current` to push it: another kind of
+/// strategy, or a rate lower by more than [`LOWER_BY`] or higher by more than [`HIGHER_BY`].
+/// Otherwise the client keeps `current` (resent, so only its TTL moves): Envoy would start
+/// a changed token bucket full, which small moves do not earn.
+pub fn moved(current: &Strategy, next: &Strategy) -> bool {
+    match (current.rate(), next.rate()) {
+        (Some(old), Some(new)) => new < old * (1.0 - LOWER_BY) || new > old * (1.0 + HIGHER_BY),
+        _ => std::mem::discriminant(current) != std::mem::discriminant(next),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Unit;
+
+    const INTERVAL: Duration = Duration::from_millis(500);
+
+    fn open(remaining: u64, reset_ms: u64) -> Budget {
+        Budget {
+            open: true,
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+        }
+    }
+
+    fn rate(strategy: &Strategy) -> f64 {
+        strategy.rate().expect("a token bucket")
+    }
+
+    #[test]
+    fn shares_split_the_rate_and_leave_room_for_the_bursts() {
+        let policy = Policy::fixed_window(1000, Unit::Second);
+        let whole = size(&policy, open(1000, 1000), 1.0, INTERVAL);
+        let third = size(&policy, open(1000, 1000), 1.0 / 3.0, INTERVAL);
+        assert_eq!(whole.ttl, Duration::from_secs(1));
+        assert!((rate(&whole.strategy) - 950.0).abs() < 1.0);
+        assert!((rate(&third.strategy) - 950.0 / 3.0).abs() < 1.0);
+        let Strategy::TokenBucket { max_tokens, .. } = whole.strategy else {
+            unreachable!()
+        };
+        assert_eq!(max_tokens, 50);
+    }
+
+    #[test]
+    fn a_spent_budget_is_denied_until_the_refill() {
+        let policy = Policy::fixed_window(10, Unit::Minute);
+        let spent = Budget {
+            open: false,
+            remaining: 0,
+            reset: Duration::from_secs(42),
+        };
+        assert_eq!(
+            size(&policy, spent, 1.0, INTERVAL),
+            Assignment {
+                strategy: Strategy::DenyAll,
+                ttl: Duration::from_secs(42)
+            }
+        );
+        let zero = Policy::fixed_window(0, Unit::Minute);
+        assert_eq!(
+            size(&zero, open(0, 7), 1.0, INTERVAL).strategy,
+            Strategy::DenyAll
+        );
+    }
+
+    #[test]
+    fn a_fixed_window_spent_by_others_gives_what_is_left_until_the_reset() {
+        let policy = Policy::fixed_window(600, Unit::Minute);
+        // 60 left for the 30 s to the reset: 2 a second, not 10.
+        let left = size(&policy, open(60, 30_000), 1.0, INTERVAL);
+        assert!((rate(&left.strategy) - 2.0 * 0.95).abs() < 0.01);
+        // Near the reset the full rate stands.
+        let near = size(&policy, open(1, 400), 1.0, INTERVAL);
+        assert!((rate(&near.strategy) - 10.0 * 0.95).abs() < 0.01);
+    }
+
+    #[test]
+    fn slow_rates_stretch_the_fill_interval() {
+        let policy = Policy::fixed_window(60, Unit::Hour);
+        let slow = size(&policy, open(60, 3_600_000), 0.5, INTERVAL);
+        let Strategy::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval,
+        } = slow.strategy
+        else {
+            unreachable!()
+        };
+        assert_eq!((max_tokens, tokens_per_fill), (2, 1));
+        // 0.5 * 60 * 0.95 per hour: one token every 126.3 s.
+        assert_eq!(fill_interval, Duration::from_millis(126_316));
+    }
+
+    #[test]
+    fn hysteresis_ignores_small_moves() {
+        let bucket = |rate: f64| token_bucket(10.0, rate);
+        assert!(!moved(&bucket(100.0), &bucket(95.0)));
+        assert!(!moved(&bucket(100.0), &bucket(120.0)));
+        assert!(moved(&bucket(100.0), &bucket(85.0)));
+        assert!(moved(&bucket(100.0), &bucket(130.0)));
+        assert!(moved(&bucket(100.0), &Strategy::DenyAll));
+        assert!(moved(&Strategy::AllowAll, &bucket(100.0)));
+        assert!(!moved(&Strategy::DenyAll, &Strategy::DenyAll));
+    }
+}

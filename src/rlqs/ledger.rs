@@ -1,0 +1,299 @@
+//! The backend side of a quota bucket: booking what clients report into the bucket
+//! ShouldRateLimit charges, and recording demand where every replica sees it.
+//!
+//! Demand (allowed + denied) goes into a sliding-window counter next to the bucket (its
+//! own key, same backend), so the total over every stream of every replica is one read;
+//! each stream keeps the same counter of its own demand in process. A stream's share is
+//! its counter over the total. Both count over [`DEMAND_WINDOW`], so the shares of all
+//! streams add up to 1, and a stream that goes away fades out of the total within two
+//! windows. This needs no backend operation beyond the charges and peeks every backend
+//! already makes atomically.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Bucket;
+use crate::backend::{Backend, BackendError, Charge, Group, Outcome};
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::QuotaBucket;
+use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
+
+use super::assign::Budget;
+
+/// Length of the demand counters' sliding window.
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
+
+/// Rounds of peek-then-book when a report does not fit whole (others booking meanwhile).
+const SATURATE_ROUNDS: usize = 3;
+
+/// The policy of every demand counter: a sliding window that never denies and books
+/// whatever it is given.
+pub fn demand_policy() -> Policy {
+    Policy {
+        algorithm: Algorithm::SlidingWindow,
+        unit: Unit::Second,
+        unit_multiplier: DEMAND_WINDOW.as_secs() as u32,
+        requests_per_unit: u32::MAX,
+        burst: u32::MAX,
+        on_over_limit: OnOverLimit::Consume,
+        lockout: None,
+    }
+}
+
+/// What the backend said after a booking or a peek.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// The bucket's budget.
+    pub budget: Budget,
+    /// Demand of every stream over the demand window.
+    pub total_demand: u64,
+}
+
+/// Books reports and reads budgets, each backend call bounded by `timeout`.
+#[derive(Clone)]
+pub struct Ledger {
+    backend: Arc<dyn Backend>,
+    timeout: Duration,
+}
+
+impl Ledger {
+    /// A ledger over `backend`.
+    pub fn new(backend: Arc<dyn Backend>, timeout: Duration) -> Ledger {
+        Ledger { backend, timeout }
+    }
+
+    /// Books `allowed` requests into the bucket, saturating at its limit: they already
+    /// happened, so they are neither refused nor refunded, and never push the bucket into
+    /// debt. Books `demand` into the demand counter. `allowed = demand = 0` only reads.
+    ///
+    /// # Errors
+    /// The backend failed or timed out; nothing is known about what was booked.
+    pub async fn book(
+        &self,
+        quota: &QuotaBucket,
+        allowed: u64,
+        demand: u64,
+    ) -> Result<Reading, BackendError> {
+        if quota.policy.requests_per_unit == 0 {
+            let outcomes = self.call(vec![self.demand(quota, demand)]).await?;
+            return Ok(Reading {
+                budget: always_closed(&quota.policy),
+                total_demand: total(&outcomes[0]),
+            });
+        }
+        // A lockout rule starts its lock on a denial, so never try what may not fit.
+        let direct = allowed > 0 && quota.policy.lockout.is_none();
+        let first = if direct { allowed } else { 0 };
+        let outcomes = self
+            .call(vec![self.charge(quota, first), self.demand(quota, demand)])
+            .await?;
+        let total_demand = total(&outcomes[1]);
+        let mut state = outcomes[0];
+        // Whether `state` is a peek (it then says whether one more fits, and when it will).
+        let mut peeked = first == 0;
+        let mut left = if direct && state.allowed { 0 } else { allowed };
+        for _ in 0..SATURATE_ROUNDS {
+            if left == 0 {
+                break;
+            }
+            if !peeked {
+                state = self.peek(quota).await?;
+                peeked = true;
+            }
+            let fits = left.min(state.remaining);
+            if fits == 0 {
+                break;
+            }
+            // Others may have booked since the peek; then peek again.
+            let booked = self.call(vec![self.charge(quota, fits)]).await?[0];
+            peeked = false;
+            if booked.allowed {
+                left -= fits;
+                state = booked;
+            }
+        }
+        // A booking's reset is not "until one more fits"; a spent bucket needs that one.
+        let open = state.allowed && state.remaining > 0;
+        if !peeked && !open {
+            state = self.peek(quota).await?;
+        }
+        Ok(Reading {
+            budget: Budget {
+                open: state.allowed && state.remaining > 0,
+                remaining: state.remaining,
+                reset: Duration::from_millis(state.reset_ms),
+            },
+            total_demand,
+        })
+    }
+
+    async fn peek(&self, quota: &QuotaBucket) -> Result<Outcome, BackendError> {
+        Ok(self.call(vec![self.charge(quota, 0)]).await?[0])
+    }
+
+    fn charge(&self, quota: &QuotaBucket, cost: u64) -> Charge {
+        Charge {
+            bucket: quota.bucket,
+            policy: quota.policy,
+            cost,
+        }
+    }
+
+    fn demand(&self, quota: &QuotaBucket, cost: u64) -> Charge {
+        Charge {
+            bucket: quota.demand,
+            policy: demand_policy(),
+            cost,
+        }
+    }
+
+    async fn call(&self, charges: Vec<Charge>) -> Result<Vec<Outcome>, BackendError> {
+        let group = Group::independent(&charges);
+        let outcomes = tokio::time::timeout(self.timeout, self.backend.decide(&group))
+            .await
+            .map_err(|_| BackendError::Timeout)??;
+        if outcomes.len() != charges.len() {
+            return Err(BackendError::failed(format!(
+                "{} outcomes for {} charges",
+                outcomes.len(),
+                charges.len()
+            )));
+        }
+        Ok(outcomes)
+    }
+}
+
+/// A bucket key's weighted count in a demand counter's outcome.
+fn total(outcome: &Outcome) -> u64 {
+    u64::from(u32::MAX).saturating_sub(outcome.remaining)
+}
+
+/// The budget of an `L = 0` rule: closed until the current window ends.
+fn always_closed(policy: &Policy) -> Budget {
+    let window = policy.window_ms().max(1);
+    let now = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
+    Budget {
+        open: false,
+        remaining: 0,
+        reset: Duration::from_millis(window - now % window),
+    }
+}
+
+/// One stream's own demand for one bucket, counted like the shared counter.
+#[derive(Debug, Clone)]
+pub struct OwnDemand(Bucket);
+
+impl Default for OwnDemand {
+    fn default() -> Self {
+        OwnDemand(Bucket::new(Algorithm::SlidingWindow))
+    }
+}
+
+impl OwnDemand {
+    /// Adds `demand` now and returns the count over the demand window.
+    pub fn add(&mut self, demand: u64) -> u64 {
+        let policy = demand_policy();
+        let now = SystemClock.now_ms();
+        if demand > 0 {
+            self.0.decide(&policy, now, demand);
+        }
+        u64::from(u32::MAX).saturating_sub(self.0.decide(&policy, now, 0).remaining)
+    }
+}
+
+/// A stream's share of a bucket: its demand over everyone's, counting itself at least
+/// one request, so a quiet stream still gets room for its next one.
+pub fn share(own: u64, total: u64) -> f64 {
+    let own = own.max(1);
+    own as f64 / total.max(own) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Limiter, LimiterOptions, QuotaRule};
+    use crate::matcher::Matcher;
+    use crate::metrics::Metrics;
+
+    const RULES: &str = "\
+domain: d
+descriptors:
+  - key: window
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: locked
+    rate_limit: {unit: hour, requests_per_unit: 2, lockout_seconds: 600}
+";
+
+    /// A ledger on a memory backend whose clock reads one second into an hour.
+    fn fixture() -> (Ledger, Limiter) {
+        let clock = Arc::new(ManualClock::new(3_600_000 * 500_000 + 1000));
+        let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(1000, clock));
+        let domain = crate::config::parse_domain("d.yaml", RULES).expect("rules parse");
+        let limiter = Limiter::new(
+            Matcher::new(vec![domain]),
+            Arc::clone(&backend),
+            Arc::new(Metrics::new()),
+            LimiterOptions::default(),
+        );
+        (Ledger::new(backend, Duration::from_secs(1)), limiter)
+    }
+
+    fn quota(limiter: &Limiter, key: &str) -> Box<QuotaBucket> {
+        let entries = [(key.to_owned(), "v".to_owned())];
+        match limiter.quota_rule("d", &entries, &demand_policy()) {
+            QuotaRule::Limited(quota) => quota,
+            QuotaRule::Unlimited => panic!("{key} has a limit"),
+        }
+    }
+
+    #[tokio::test]
+    async fn reports_book_up_to_the_limit_and_never_past_it() {
+        let (ledger, limiter) = fixture();
+        let window = quota(&limiter, "window");
+        let some = ledger.book(&window, 4, 4).await.unwrap();
+        assert_eq!((some.budget.open, some.budget.remaining), (true, 6));
+        let spent = ledger.book(&window, 100, 100).await.unwrap();
+        assert_eq!((spent.budget.open, spent.budget.remaining), (false, 0));
+        assert_eq!(spent.budget.reset, Duration::from_secs(3599));
+        // A token bucket is left empty, not in debt: one request fits again after one
+        // refill period (6 minutes at 10 an hour), not after 9 hours.
+        let tokens = quota(&limiter, "tokens");
+        let empty = ledger.book(&tokens, 100, 0).await.unwrap();
+        assert!(!empty.budget.open);
+        assert_eq!(empty.budget.reset, Duration::from_secs(360));
+    }
+
+    #[tokio::test]
+    async fn booking_past_a_lockout_rule_does_not_start_its_lock() {
+        let (ledger, limiter) = fixture();
+        let locked = quota(&limiter, "locked");
+        let spent = ledger.book(&locked, 5, 5).await.unwrap();
+        assert!(!spent.budget.open);
+        // Denied until the window ends, not for the 600 s lockout.
+        assert_eq!(spent.budget.reset, Duration::from_secs(3599));
+    }
+
+    #[tokio::test]
+    async fn demand_adds_up_over_every_stream() {
+        let (ledger, limiter) = fixture();
+        let window = quota(&limiter, "window");
+        assert_eq!(ledger.book(&window, 0, 5).await.unwrap().total_demand, 5);
+        assert_eq!(ledger.book(&window, 0, 7).await.unwrap().total_demand, 12);
+        // A read books nothing.
+        let read = ledger.book(&window, 0, 0).await.unwrap();
+        assert_eq!((read.total_demand, read.budget.remaining), (12, 10));
+    }
+
+    #[test]
+    fn a_share_counts_the_stream_at_least_once() {
+        assert_eq!(share(50, 200), 0.25);
+        assert_eq!(share(0, 0), 1.0);
+        assert_eq!(share(0, 9), 1.0 / 9.0);
+        // A total that lags the stream's own count (another clock) is never below it.
+        assert_eq!(share(30, 20), 1.0);
+    }
+}

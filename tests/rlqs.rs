@@ -1,0 +1,693 @@
+//! The Rate Limit Quota Service (RLQS) end to end: real streams against servers on memory,
+//! real Redis and a real 3-master Redis Cluster; two replicas on one Redis splitting one
+//! budget; RLS and RLQS spending one bucket; bad input; abandon; the failure mode.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{TestServer, descriptor, redis_options, request, should_rate_limit};
+use floodgate::backend::BackendSettings;
+use floodgate::bench::envoy_quota::{EnvoyBucket, Fallback};
+use floodgate::clock::{Clock, SystemClock};
+use floodgate::limiter::FailureMode;
+use floodgate::proto::rlqs::rate_limit_quota_response::BucketAction;
+use floodgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use floodgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use floodgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Streaming};
+
+const RULES: &str = "\
+domain: web
+descriptors:
+  - key: route
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: fast
+    rate_limit: {unit: second, requests_per_unit: 1000}
+  - key: shared
+    rate_limit: {unit: second, requests_per_unit: 200}
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+/// How long any single answer may take before a test fails.
+const ANSWER_LIMIT: Duration = Duration::from_secs(10);
+
+/// One quota stream, as Envoy's filter holds it.
+struct Quota {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    answers: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Quota {
+    async fn open(addr: SocketAddr) -> Quota {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("client connects");
+        Quota::on(channel).await
+    }
+
+    async fn on(channel: tonic::transport::Channel) -> Quota {
+        let mut client = RateLimitQuotaServiceClient::new(channel);
+        let (reports, receiver) = mpsc::channel(64);
+        let answers = client
+            .stream_rate_limit_quotas(ReceiverStream::new(receiver))
+            .await
+            .expect("stream opens")
+            .into_inner();
+        Quota { reports, answers }
+    }
+
+    async fn send(&self, report: RateLimitQuotaUsageReports) {
+        self.reports.send(report).await.expect("stream open");
+    }
+
+    /// The next answer, or the status that ended the stream.
+    async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
+        match tokio::time::timeout(ANSWER_LIMIT, self.answers.message()).await {
+            Ok(Ok(Some(answer))) => Ok(answer),
+            Ok(Ok(None)) => Err(tonic::Status::ok("stream ended")),
+            Ok(Err(status)) => Err(status),
+            Err(_) => panic!("no answer within {ANSWER_LIMIT:?}"),
+        }
+    }
+
+    /// The next action for `id`, skipping answers about other buckets (at most 50).
+    async fn action_for(&mut self, id: &[(&str, &str)]) -> BucketAction {
+        let id = bucket_id(id);
+        for _ in 0..50 {
+            let answer = self.next().await.expect("an answer");
+            if let Some(action) = answer
+                .bucket_action
+                .into_iter()
+                .find(|action| action.bucket_id.as_ref() == Some(&id))
+            {
+                return action;
+            }
+        }
+        panic!("no action for {id:?} in 50 answers");
+    }
+
+    /// Reports `id` and returns its answer.
+    async fn report(
+        &mut self,
+        domain: &str,
+        id: &[(&str, &str)],
+        allowed: u64,
+        denied: u64,
+    ) -> Kind {
+        self.send(usages(domain, &[(id, allowed, denied)])).await;
+        kind(&self.action_for(id).await)
+    }
+}
+
+fn bucket_id(pairs: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// A bucket id's pairs, its allowed and its denied requests.
+type Reported<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+
+/// One message reporting `(id, allowed, denied)` per bucket, 500 ms apart.
+fn usages(domain: &str, buckets: &[Reported<'_>]) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.to_owned(),
+        bucket_quota_usages: buckets
+            .iter()
+            .enumerate()
+            .map(|(i, (id, allowed, denied))| {
+                let usage = BucketQuotaUsage {
+                    bucket_id: Some(bucket_id(id)),
+                    time_elapsed: Some(pbjson_types::Duration {
+                        seconds: 0,
+                        nanos: 500_000_000,
+                    }),
+                    num_requests_allowed: *allowed,
+                    num_requests_denied: *denied,
+                    last_report: None,
+                };
+                (i as u64, usage)
+            })
+            .collect(),
+    }
+}
+
+/// An assignment as the tests compare it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    AllowAll {
+        ttl: Duration,
+    },
+    DenyAll {
+        ttl: Duration,
+    },
+    /// Tokens per second, max tokens, TTL.
+    Tokens {
+        rate: f64,
+        max: u32,
+        ttl: Duration,
+    },
+    Abandon,
+}
+
+fn kind(action: &BucketAction) -> Kind {
+    let assignment = match action.bucket_action.as_ref().expect("an action") {
+        Action::AbandonAction(_) => return Kind::Abandon,
+        Action::QuotaAssignmentAction(assignment) => assignment,
+    };
+    let duration = |d: &pbjson_types::Duration| Duration::new(d.seconds as u64, d.nanos as u32);
+    let ttl = duration(assignment.assignment_time_to_live.as_ref().expect("a TTL"));
+    let strategy = assignment
+        .rate_limit_strategy
+        .as_ref()
+        .and_then(|s| s.strategy.as_ref())
+        .expect("a strategy");
+    match strategy {
+        Strategy::BlanketRule(rule) if *rule == BlanketRule::DenyAll as i32 => {
+            Kind::DenyAll { ttl }
+        }
+        Strategy::BlanketRule(_) => Kind::AllowAll { ttl },
+        Strategy::TokenBucket(bucket) => Kind::Tokens {
+            rate: f64::from(bucket.tokens_per_fill.as_ref().map_or(1, |v| v.value))
+                / duration(bucket.fill_interval.as_ref().expect("fill interval")).as_secs_f64(),
+            max: bucket.max_tokens,
+            ttl,
+        },
+        Strategy::RequestsPerTimeUnit(_) => panic!("requests_per_time_unit is never sent"),
+    }
+}
+
+fn rate(kind: Kind) -> f64 {
+    match kind {
+        Kind::Tokens { rate, .. } => rate,
+        other => panic!("expected a token bucket, got {other:?}"),
+    }
+}
+
+fn on_redis(redis: &RedisServer) -> impl FnOnce(&mut floodgate::server::Settings) + use<> {
+    let url = redis.url();
+    move |settings| {
+        settings.backend = BackendSettings::Redis {
+            url,
+            options: redis_options(Duration::from_millis(500)),
+        };
+        settings.limiter.backend_timeout = Duration::from_millis(500);
+    }
+}
+
+fn on_cluster(cluster: &RedisCluster) -> impl FnOnce(&mut floodgate::server::Settings) + use<> {
+    let urls = cluster.urls();
+    move |settings| {
+        settings.backend = BackendSettings::Cluster {
+            urls,
+            options: redis_options(Duration::from_secs(1)),
+        };
+        settings.limiter.backend_timeout = Duration::from_secs(1);
+    }
+}
+
+#[tokio::test]
+async fn unmatched_and_unlimited_buckets_are_allowed_all() {
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    let mut quota = Quota::open(server.grpc).await;
+    let unmatched = quota.report("web", &[("nothing", "here")], 5, 0).await;
+    assert!(matches!(unmatched, Kind::AllowAll { .. }), "{unmatched:?}");
+    let unlimited = quota.report("", &[("free", "x")], 5, 0).await;
+    assert!(matches!(unlimited, Kind::AllowAll { .. }), "{unlimited:?}");
+    // A domain without rules matches nothing.
+    let mut other = Quota::open(server.grpc).await;
+    let unknown = other.report("nowhere", &[("route", "a")], 5, 0).await;
+    assert!(matches!(unknown, Kind::AllowAll { .. }), "{unknown:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn quota_streams_are_served_on_a_unix_socket_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("rlqs.sock");
+    let grpc_addr = format!("unix:{}", socket.display());
+    let server = TestServer::start_with(&[("web.yaml", RULES)], move |settings| {
+        settings.grpc_addr = grpc_addr;
+    })
+    .await;
+    let channel = common::unix_channel(&socket, Default::default())
+        .await
+        .expect("connects over the socket");
+    let mut quota = Quota::on(channel).await;
+    let assigned = quota.report("web", &[("route", "uds")], 1, 0).await;
+    assert!(matches!(assigned, Kind::Tokens { .. }), "{assigned:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_bucket_gets_a_token_bucket_then_deny_all_until_the_refill() {
+    common::away_from_an_hour_boundary().await;
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    let mut quota = Quota::open(server.grpc).await;
+    let first = quota.report("web", &[("route", "a")], 2, 0).await;
+    let Kind::Tokens { max, ttl, .. } = first else {
+        panic!("expected a token bucket, got {first:?}");
+    };
+    // Two reporting intervals of 500 ms; the burst is a small part of what is left.
+    assert_eq!(ttl, Duration::from_secs(1));
+    assert_eq!(max, 1);
+    // Past the limit: DENY_ALL until the hour's window ends.
+    let spent = quota.report("", &[("route", "a")], 50, 0).await;
+    let Kind::DenyAll { ttl } = spent else {
+        panic!("expected DENY_ALL, got {spent:?}");
+    };
+    assert!(
+        ttl > Duration::from_secs(5) && ttl <= Duration::from_secs(3600),
+        "{ttl:?}"
+    );
+    let again = quota.report("", &[("route", "a")], 0, 3).await;
+    assert!(matches!(again, Kind::DenyAll { .. }), "{again:?}");
+    let text = common::scrape(server.http).await;
+    assert_eq!(common::sample(&text, "floodgate_rlqs_streams"), Some(1.0));
+    assert_eq!(common::sample(&text, "floodgate_rlqs_buckets"), Some(1.0));
+    assert_eq!(
+        common::sample(&text, "floodgate_rlqs_reports_total"),
+        Some(3.0)
+    );
+    assert_eq!(
+        common::sample(&text, "floodgate_rlqs_assignments_total{kind=\"deny_all\"}"),
+        Some(2.0)
+    );
+    // A closed stream leaves the gauges with its buckets.
+    drop(quota);
+    let mut left = (None, None);
+    let gone = common::eventually(Duration::from_secs(10), async || {
+        let text = common::scrape(server.http).await;
+        left = (
+            common::sample(&text, "floodgate_rlqs_streams"),
+            common::sample(&text, "floodgate_rlqs_buckets"),
+        );
+        left == (Some(0.0), Some(0.0))
+    })
+    .await;
+    assert!(gone, "streams and buckets left: {left:?}");
+    server.stop().await;
+}
+
+/// RLQS reports and ShouldRateLimit calls spend one bucket: 6 reported leave 4 for RLS,
+/// and a bucket spent by RLS is DENY_ALL for a quota stream.
+async fn rls_and_rlqs_spend_one_budget(server: &TestServer, value: &str) {
+    let mut quota = Quota::open(server.grpc).await;
+    let reported = quota.report("web", &[("route", value)], 6, 0).await;
+    assert!(matches!(reported, Kind::Tokens { .. }), "{reported:?}");
+    let mut client = server.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        let answer = should_rate_limit(
+            &mut client,
+            request("web", vec![descriptor(&[("route", value)])]),
+        )
+        .await;
+        codes.push(answer.overall_code);
+    }
+    // 1 = OK, 2 = OVER_LIMIT.
+    assert_eq!(codes, [1, 1, 1, 1, 2]);
+    let mut other = Quota::open(server.grpc).await;
+    let spent = other.report("web", &[("route", value)], 0, 1).await;
+    assert!(matches!(spent, Kind::DenyAll { .. }), "{spent:?}");
+}
+
+/// Reports beyond the limit book up to it, not into debt: a token bucket rule refills
+/// its first request within one refill period (6 min at 10/hour), not 9 hours later.
+async fn bookings_saturate_at_the_limit(server: &TestServer, value: &str) {
+    let mut quota = Quota::open(server.grpc).await;
+    let spent = quota.report("web", &[("tokens", value)], 100, 0).await;
+    let Kind::DenyAll { ttl } = spent else {
+        panic!("expected DENY_ALL, got {spent:?}");
+    };
+    assert!(ttl <= Duration::from_secs(360), "{ttl:?}");
+    let mut client = server.client().await;
+    let answer = should_rate_limit(
+        &mut client,
+        request("web", vec![descriptor(&[("tokens", value)])]),
+    )
+    .await;
+    assert_eq!(answer.overall_code, 2);
+    let reset = answer.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("reset");
+    assert!(reset.seconds <= 360, "{reset:?}");
+}
+
+/// Two streams (on the servers `a` and `b`) report the same demand for one bucket: the
+/// second gets about half the rate, and the first, once it reports again, is pushed down.
+async fn two_streams_split_one_budget(a: &TestServer, b: &TestServer, value: &str) {
+    let id: &[(&str, &str)] = &[("fast", value)];
+    let mut first = Quota::open(a.grpc).await;
+    let mut second = Quota::open(b.grpc).await;
+    let whole = rate(first.report("web", id, 0, 100).await);
+    assert!((whole - 950.0).abs() < 1.0, "{whole}");
+    let half = rate(second.report("web", id, 0, 100).await);
+    assert!(
+        half > 0.3 * whole && half < 0.6 * whole,
+        "{half} of {whole}"
+    );
+    // Its share fell from all to about two thirds: more than the hysteresis.
+    let moved = rate(first.report("", id, 0, 100).await);
+    assert!(moved < 0.8 * whole, "{moved} of {whole}");
+}
+
+#[tokio::test]
+async fn memory_serves_one_budget() {
+    common::away_from_an_hour_boundary().await;
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    rls_and_rlqs_spend_one_budget(&server, "m").await;
+    bookings_saturate_at_the_limit(&server, "m").await;
+    two_streams_split_one_budget(&server, &server, "m").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn redis_replicas_serve_one_budget() {
+    common::away_from_an_hour_boundary().await;
+    let redis = RedisServer::start();
+    let a = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    let b = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    rls_and_rlqs_spend_one_budget(&a, "r").await;
+    bookings_saturate_at_the_limit(&b, "r").await;
+    two_streams_split_one_budget(&a, &b, "r").await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn cluster_replicas_serve_one_budget() {
+    common::away_from_an_hour_boundary().await;
+    let cluster = RedisCluster::start_async().await;
+    let a = TestServer::start_with(&[("web.yaml", RULES)], on_cluster(&cluster)).await;
+    let b = TestServer::start_with(&[("web.yaml", RULES)], on_cluster(&cluster)).await;
+    rls_and_rlqs_spend_one_budget(&a, "c").await;
+    bookings_saturate_at_the_limit(&b, "c").await;
+    two_streams_split_one_budget(&a, &b, "c").await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Simulated Envoys, one per replica, each offering 3x the limit of one bucket and
+/// enforcing what they are assigned, admit about the limit between them per window.
+#[tokio::test]
+async fn simulated_envoys_on_two_replicas_split_one_budget() {
+    let redis = RedisServer::start();
+    let a = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    let b = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    let limit = 200.0;
+    let envoys = [a.grpc, b.grpc].map(|addr| tokio::spawn(simulated_envoy(addr, 600.0)));
+    let mut admitted: HashMap<u64, u64> = HashMap::new();
+    let mut per_envoy = Vec::new();
+    for envoy in envoys {
+        let windows = envoy.await.expect("envoy ran");
+        per_envoy.push(windows.values().sum::<u64>());
+        for (window, count) in windows {
+            *admitted.entry(window).or_default() += count;
+        }
+    }
+    // The first two windows warm up (no assignment yet, demand ramping); the last is partial.
+    let mut windows: Vec<_> = admitted.into_iter().collect();
+    windows.sort_unstable();
+    let steady = &windows[2..windows.len() - 1];
+    assert!(!steady.is_empty(), "{windows:?}");
+    for (window, count) in steady {
+        let ratio = *count as f64 / limit;
+        assert!(
+            (0.5..=1.3).contains(&ratio),
+            "window {window}: {count} admitted, limit {limit}: {windows:?}"
+        );
+    }
+    eprintln!("admitted per window: {windows:?}, per Envoy: {per_envoy:?}");
+    // Equal demand, so neither Envoy starves.
+    let total: u64 = per_envoy.iter().sum();
+    for share in &per_envoy {
+        assert!(*share as f64 > 0.2 * total as f64, "{per_envoy:?}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// One Envoy offering `offered` requests a second to the bucket `shared: s` for 5 s,
+/// reporting every 200 ms. Returns what it admitted per epoch second.
+async fn simulated_envoy(addr: SocketAddr, offered: f64) -> HashMap<u64, u64> {
+    let id: &[(&str, &str)] = &[("shared", "s")];
+    let mut quota = Quota::open(addr).await;
+    let start = Instant::now();
+    let mut envoy = EnvoyBucket::new(Fallback::Allow, Fallback::Allow, start.into_std());
+    let mut admitted: HashMap<u64, u64> = HashMap::new();
+    let (step, report_every) = (Duration::from_millis(5), Duration::from_millis(200));
+    let mut next_report = start + report_every;
+    let mut owed = 0.0;
+    let mut last = start;
+    let mut first = true;
+    while start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(step).await;
+        let now = Instant::now();
+        owed += offered * now.duration_since(last).as_secs_f64();
+        last = now;
+        let epoch_s = SystemClock.now_ms() as u64 / 1000;
+        while owed >= 1.0 {
+            owed -= 1.0;
+            if envoy.admit(now.into_std()) {
+                *admitted.entry(epoch_s).or_default() += 1;
+            }
+        }
+        if now >= next_report {
+            next_report += report_every;
+            let (allowed, denied, _) = envoy.take_report(now.into_std());
+            let domain = if first { "web" } else { "" };
+            first = false;
+            quota.send(usages(domain, &[(id, allowed, denied)])).await;
+        }
+        // Apply whatever arrived, without waiting.
+        while let Ok(Ok(Some(answer))) =
+            tokio::time::timeout(Duration::ZERO, quota.answers.message()).await
+        {
+            for action in &answer.bucket_action {
+                envoy.apply(action, Instant::now().into_std());
+            }
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn every_bad_input_ends_the_stream_with_invalid_argument() {
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    let long = "x".repeat(4097);
+    let many: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let good: &[(&str, &str)] = &[("route", "a")];
+    let mut cases: Vec<(&str, Vec<RateLimitQuotaUsageReports>)> = vec![
+        ("no domain", vec![usages("", &[(good, 1, 0)])]),
+        (
+            "another domain later",
+            vec![
+                usages("web", &[(good, 1, 0)]),
+                usages("api", &[(good, 1, 0)]),
+            ],
+        ),
+        ("an empty bucket id", vec![usages("web", &[(&[], 1, 0)])]),
+        ("an empty key", vec![usages("web", &[(&[("", "v")], 1, 0)])]),
+        (
+            "an empty value",
+            vec![usages("web", &[(&[("k", "")], 1, 0)])],
+        ),
+        (
+            "a long key",
+            vec![usages("web", &[(&[(long.as_str(), "v")], 1, 0)])],
+        ),
+        (
+            "a long value",
+            vec![usages("web", &[(&[("k", long.as_str())], 1, 0)])],
+        ),
+        ("33 pairs", vec![usages("web", &[(&many, 1, 0)])]),
+    ];
+    let mut negative = usages("web", &[(good, 1, 0)]);
+    negative
+        .bucket_quota_usages
+        .get_mut(&0)
+        .unwrap()
+        .time_elapsed = Some(pbjson_types::Duration {
+        seconds: -1,
+        nanos: 0,
+    });
+    cases.push(("a negative time_elapsed", vec![negative]));
+    let mut missing = usages("web", &[(good, 1, 0)]);
+    missing.bucket_quota_usages.get_mut(&0).unwrap().bucket_id = None;
+    cases.push(("no bucket_id", vec![missing]));
+    for (case, messages) in cases {
+        let mut quota = Quota::open(server.grpc).await;
+        let count = messages.len();
+        for message in messages {
+            quota.send(message).await;
+        }
+        let mut ended = None;
+        for _ in 0..count {
+            match quota.next().await {
+                Ok(_) => continue,
+                Err(status) => {
+                    ended = Some(status.code());
+                    break;
+                }
+            }
+        }
+        assert_eq!(ended, Some(Code::InvalidArgument), "{case}");
+    }
+    // The server still serves.
+    let mut quota = Quota::open(server.grpc).await;
+    assert!(matches!(
+        quota.report("web", good, 0, 0).await,
+        Kind::Tokens { .. }
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn too_many_buckets_end_the_stream_with_resource_exhausted() {
+    let server = TestServer::start_with(&[("web.yaml", RULES)], |settings| {
+        settings.rlqs.max_buckets = 3;
+    })
+    .await;
+    let mut quota = Quota::open(server.grpc).await;
+    let ids: Vec<[(&str, &str); 1]> = ["a", "b", "c"].map(|v| [("route", v)]).into();
+    let three: Vec<Reported<'_>> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
+    quota.send(usages("web", &three)).await;
+    assert_eq!(quota.next().await.expect("answered").bucket_action.len(), 3);
+    // The same three again are fine; a fourth is one too many.
+    quota.send(usages("", &three)).await;
+    assert!(quota.next().await.is_ok());
+    quota.send(usages("", &[(&[("route", "d")], 1, 0)])).await;
+    let status = quota.next().await.expect_err("the stream ends");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_quiet_bucket_is_abandoned_and_forgotten() {
+    let server = TestServer::start_with(&[("web.yaml", RULES)], |settings| {
+        settings.rlqs.abandon_after = Duration::from_millis(300);
+    })
+    .await;
+    let mut quota = Quota::open(server.grpc).await;
+    let id: &[(&str, &str)] = &[("route", "quiet")];
+    assert!(matches!(
+        quota.report("web", id, 1, 0).await,
+        Kind::Tokens { .. }
+    ));
+    assert_eq!(kind(&quota.action_for(id).await), Kind::Abandon);
+    let text = common::scrape(server.http).await;
+    assert_eq!(
+        common::sample(&text, "floodgate_rlqs_abandons_total"),
+        Some(1.0)
+    );
+    assert_eq!(common::sample(&text, "floodgate_rlqs_buckets"), Some(0.0));
+    // Reported again, it is a new bucket.
+    assert!(matches!(
+        quota.report("", id, 1, 0).await,
+        Kind::Tokens { .. }
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_rule_reload_reaches_an_open_stream_without_a_report() {
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    let mut quota = Quota::open(server.grpc).await;
+    let id: &[(&str, &str)] = &[("route", "reload")];
+    assert!(matches!(
+        quota.report("web", id, 1, 0).await,
+        Kind::Tokens { .. }
+    ));
+    let unlimited = RULES.replace(
+        "rate_limit: {unit: hour, requests_per_unit: 10}",
+        "rate_limit: {unlimited: true}",
+    );
+    std::fs::write(server.config_dir.path().join("web.yaml"), unlimited).expect("rewrite rules");
+    // No report: the push comes from the stream's own look at the new rules (the first
+    // answers may still refresh the old assignment).
+    let mut pushed = None;
+    for _ in 0..20 {
+        let action = quota.action_for(id).await;
+        if matches!(kind(&action), Kind::AllowAll { .. }) {
+            pushed = Some(action);
+            break;
+        }
+    }
+    assert!(pushed.is_some(), "no ALLOW_ALL pushed after the reload");
+    server.stop().await;
+}
+
+/// With Redis stopped, a bucket that has an assignment keeps it (nothing is pushed), and a
+/// new bucket gets what the failure mode says.
+async fn a_new_bucket_during_a_failure(mode: FailureMode) -> Option<Kind> {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start_with(&[("web.yaml", RULES)], |settings| {
+        on_redis(&redis)(settings);
+        settings.limiter.backend_timeout = Duration::from_millis(300);
+        settings.limiter.failure_mode = mode;
+    })
+    .await;
+    let mut quota = Quota::open(server.grpc).await;
+    let known: &[(&str, &str)] = &[("fast", "known")];
+    let fresh: &[(&str, &str)] = &[("fast", "new")];
+    assert!(matches!(
+        quota.report("web", known, 1, 0).await,
+        Kind::Tokens { .. }
+    ));
+    redis.stop();
+    quota
+        .send(usages("", &[(known, 1, 0), (fresh, 1, 0)]))
+        .await;
+    // The answer (if any) comes within the backend timeout; give it ample time.
+    let answer = tokio::time::timeout(Duration::from_secs(3), quota.answers.message()).await;
+    let found = match answer {
+        Ok(Ok(Some(answer))) => {
+            assert!(
+                !answer
+                    .bucket_action
+                    .iter()
+                    .any(|action| action.bucket_id == Some(bucket_id(known))),
+                "the known bucket keeps its assignment: {answer:?}"
+            );
+            answer
+                .bucket_action
+                .iter()
+                .find(|action| action.bucket_id == Some(bucket_id(fresh)))
+                .map(kind)
+        }
+        Ok(other) => panic!("the stream ended: {other:?}"),
+        Err(_) => None,
+    };
+    server.stop().await;
+    found
+}
+
+#[tokio::test]
+async fn a_new_bucket_during_a_failure_gets_the_failure_mode() {
+    let allow = a_new_bucket_during_a_failure(FailureMode::Allow).await;
+    assert!(matches!(allow, Some(Kind::AllowAll { .. })), "{allow:?}");
+    let deny = a_new_bucket_during_a_failure(FailureMode::Deny).await;
+    assert!(matches!(deny, Some(Kind::DenyAll { .. })), "{deny:?}");
+    let error = a_new_bucket_during_a_failure(FailureMode::Error).await;
+    assert_eq!(error, None);
+}

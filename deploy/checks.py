@@ -453,13 +453,30 @@ def check_istio(renders):
 
 # ---------------------------------------------------------------- Envoy bootstrap
 
-def check_envoy():
-    path = DEPLOY / "envoy" / "envoy.yaml"
+def load_bootstrap(name):
+    """deploy/envoy/NAME parsed as a strict Envoy Bootstrap: (doc, where, failures before), or
+    None when it does not parse (the failure is recorded)."""
+    path = DEPLOY / "envoy" / name
     where = str(path.relative_to(REPO))
     (doc,) = load_all(path)
     before = len(failures)
     if parse_envoy(doc, "envoy.config.bootstrap.v3.Bootstrap", where) is None:
+        return None
+    return doc, where, before
+
+
+def speaks_http2(cluster):
+    """Whether an Envoy cluster (None: missing) is configured for HTTP/2, as gRPC needs."""
+    options = (cluster or {}).get("typed_extension_protocol_options", {}).get(
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
+    return cluster is not None and "http2_protocol_options" in options.get("explicit_http_config", {})
+
+
+def check_envoy():
+    loaded = load_bootstrap("envoy.yaml")
+    if loaded is None:
         return
+    doc, where, before = loaded
     if len(failures) == before:
         ok(f"{where}: a valid envoy.config.bootstrap.v3.Bootstrap")
     clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
@@ -472,10 +489,7 @@ def check_envoy():
                     if http_filter["name"] != "envoy.filters.http.ratelimit":
                         continue
                     domain, cluster = rate_limit_target(http_filter["typed_config"])
-                    rls = clusters.get(cluster)
-                    options = (rls or {}).get("typed_extension_protocol_options", {}).get(
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
-                    if rls is None or "http2_protocol_options" not in options.get("explicit_http_config", {}):
+                    if not speaks_http2(clusters.get(cluster)):
                         fail(where, "the rate_limit_service cluster must exist and speak HTTP/2")
                 for vhost in hcm.get("route_config", {}).get("virtual_hosts", []):
                     descriptors += descriptors_of(vhost.get("rate_limits", []), where)
@@ -489,12 +503,10 @@ def check_envoy():
 def check_envoy_rlqs():
     """The RLQS example: a valid Bootstrap whose quota filter streams to an HTTP/2 cluster,
     and whose bucket ids, pairs sorted by key, each match a limit of the shared rules."""
-    path = DEPLOY / "envoy" / "envoy-rlqs.yaml"
-    where = str(path.relative_to(REPO))
-    (doc,) = load_all(path)
-    before = len(failures)
-    if parse_envoy(doc, "envoy.config.bootstrap.v3.Bootstrap", where) is None:
+    loaded = load_bootstrap("envoy-rlqs.yaml")
+    if loaded is None:
         return
+    doc, where, before = loaded
     clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
     rules_path = DEPLOY / "envoy" / "floodgate-rules.yaml"
     rules = load_rules(rules_path, str(rules_path.relative_to(REPO)))
@@ -505,10 +517,7 @@ def check_envoy_rlqs():
     if not quota_filters:
         fail(where, "no envoy.filters.http.rate_limit_quota filter")
     for config in quota_filters:
-        cluster = clusters.get(config["rlqs_server"]["envoy_grpc"]["cluster_name"])
-        options = (cluster or {}).get("typed_extension_protocol_options", {}).get(
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
-        if cluster is None or "http2_protocol_options" not in options.get("explicit_http_config", {}):
+        if not speaks_http2(clusters.get(config["rlqs_server"]["envoy_grpc"]["cluster_name"])):
             fail(where, "the rlqs_server cluster must exist and speak HTTP/2")
         if config["domain"] != rules["domain"]:
             fail(where, f"domain {config['domain']!r} but the rules declare {rules['domain']!r}")

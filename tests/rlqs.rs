@@ -1,6 +1,7 @@
 //! The Rate Limit Quota Service (RLQS) end to end: real streams against servers on memory,
 //! real Redis and a real 3-master Redis Cluster; two replicas on one Redis splitting one
-//! budget; RLS and RLQS spending one bucket; bad input; abandon; the failure mode.
+//! budget; RLS and RLQS spending one bucket; bad input; abandon; the failure mode; the
+//! unix socket and TLS.
 
 mod common;
 
@@ -252,6 +253,39 @@ async fn quota_streams_are_served_on_a_unix_socket_too() {
         .expect("connects over the socket");
     let mut quota = Quota::on(channel).await;
     let assigned = quota.report("web", &[("route", "uds")], 1, 0).await;
+    assert!(matches!(assigned, Kind::Tokens { .. }), "{assigned:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn quota_streams_are_served_under_tls_too() {
+    let ca = common::pki::Ca::new("rlqs test CA");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = ca
+        .issue(&["localhost"], common::pki::Role::Server)
+        .write(dir.path(), "server");
+    let files = floodgate::tls::TlsFiles {
+        cert,
+        key,
+        client_ca: None,
+        client_san: None,
+    };
+    let server = TestServer::start_with(&[("web.yaml", RULES)], move |settings| {
+        settings.grpc_tls = Some(files);
+    })
+    .await;
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+        .domain_name("localhost");
+    let channel = tonic::transport::Channel::from_shared(format!("https://{}", server.grpc))
+        .expect("uri")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect()
+        .await
+        .expect("connects over TLS");
+    let mut quota = Quota::on(channel).await;
+    let assigned = quota.report("web", &[("route", "tls")], 1, 0).await;
     assert!(matches!(assigned, Kind::Tokens { .. }), "{assigned:?}");
     server.stop().await;
 }

@@ -123,9 +123,7 @@ impl EnvoyBucket {
             }
             Some(Strategy::BlanketRule(_)) => (Enforced::Allow, true),
             Some(Strategy::TokenBucket(bucket)) => {
-                let every = bucket.fill_interval.map_or(Duration::ZERO, |d| {
-                    Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32)
-                });
+                let every = bucket.fill_interval.map_or(Duration::ZERO, std_duration);
                 let per_fill = bucket.tokens_per_fill.map_or(1, |value| value.value);
                 if bucket.max_tokens == 0 || every.is_zero() {
                     (Enforced::Allow, false)
@@ -146,7 +144,7 @@ impl EnvoyBucket {
         };
         self.expires = assignment
             .assignment_time_to_live
-            .map(|ttl| now + Duration::new(ttl.seconds.max(0) as u64, ttl.nanos.max(0) as u32));
+            .map(|ttl| now + std_duration(ttl));
         let same = match (&self.enforced, &next) {
             (Some(Enforced::Tokens { spec: old, .. }), Enforced::Tokens { spec: new, .. }) => {
                 old == new
@@ -177,6 +175,11 @@ impl EnvoyBucket {
         self.reported_at = now;
         report
     }
+}
+
+/// A protobuf duration as Envoy reads it: a negative or malformed one as zero.
+fn std_duration(duration: pbjson_types::Duration) -> Duration {
+    Duration::try_from(duration).unwrap_or_default()
 }
 
 #[cfg(test)]

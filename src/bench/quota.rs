@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -18,6 +18,7 @@ use tonic::transport::Channel;
 
 use super::BenchArgs;
 use super::envoy_quota::{Applied, EnvoyBucket};
+use crate::clock::{Clock, SystemClock};
 use crate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use crate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use crate::proto::rlqs::{BucketId, RateLimitQuotaUsageReports};
@@ -169,11 +170,9 @@ async fn connect(target: SocketAddr) -> Result<Channel, String> {
         .map_err(|error| format!("cannot reach {target}: {error}"))
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch (windows are aligned to it, as floodgate's are).
 fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
+    u64::try_from(SystemClock.now_ms()).unwrap_or(0)
 }
 
 /// One simulated Envoy until `--duration` has passed since `start`.
@@ -296,10 +295,7 @@ fn report(
                 let (allowed, denied, elapsed) = bucket.take_report(now);
                 let usage = BucketQuotaUsage {
                     bucket_id: Some(id.clone()),
-                    time_elapsed: Some(pbjson_types::Duration {
-                        seconds: elapsed.as_secs() as i64,
-                        nanos: elapsed.subsec_nanos() as i32,
-                    }),
+                    time_elapsed: Some(elapsed.into()),
                     num_requests_allowed: allowed,
                     num_requests_denied: denied,
                     last_report: None,

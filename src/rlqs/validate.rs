@@ -105,12 +105,10 @@ fn elapsed(duration: Option<pbjson_types::Duration>) -> Result<Duration, String>
     let Some(duration) = duration else {
         return Ok(Duration::ZERO);
     };
-    let seconds = u64::try_from(duration.seconds).map_err(|_| "a negative time_elapsed")?;
-    let nanos = u32::try_from(duration.nanos)
-        .ok()
-        .filter(|nanos| *nanos < 1_000_000_000)
-        .ok_or("a malformed time_elapsed")?;
-    Ok(Duration::new(seconds, nanos))
+    if !(0..1_000_000_000).contains(&duration.nanos) {
+        return Err("a malformed time_elapsed".into());
+    }
+    Duration::try_from(duration).map_err(|_| "a negative time_elapsed".into())
 }
 
 #[cfg(test)]

@@ -1,7 +1,5 @@
 //! Assignments and abandons as the protobuf actions Envoy reads.
 
-use std::time::Duration;
-
 use crate::proto::rlqs::BucketId;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::proto::rlqs::rate_limit_quota_response::bucket_action::{
@@ -25,13 +23,13 @@ pub fn assign(id: &BucketPairs, assignment: &Assignment) -> BucketAction {
         } => WireStrategy::TokenBucket(TokenBucket {
             max_tokens,
             tokens_per_fill: Some(tokens_per_fill.into()),
-            fill_interval: Some(duration(fill_interval)),
+            fill_interval: Some(fill_interval.into()),
         }),
     };
     BucketAction {
         bucket_id: Some(bucket_id(id)),
         bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-            assignment_time_to_live: Some(duration(assignment.ttl)),
+            assignment_time_to_live: Some(assignment.ttl.into()),
             rate_limit_strategy: Some(RateLimitStrategy {
                 strategy: Some(strategy),
             }),
@@ -50,12 +48,5 @@ pub fn abandon(id: &BucketPairs) -> BucketAction {
 fn bucket_id(id: &BucketPairs) -> BucketId {
     BucketId {
         bucket: id.iter().cloned().collect(),
-    }
-}
-
-fn duration(duration: Duration) -> pbjson_types::Duration {
-    pbjson_types::Duration {
-        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
-        nanos: duration.subsec_nanos() as i32,
     }
 }

@@ -704,7 +704,8 @@ fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverrid
 }
 
 /// The outcome of a rule with `L = 0`: denied until the current window ends (wall clock).
-fn always_over(policy: &Policy) -> Outcome {
+/// Also the budget RLQS reports for such a rule.
+pub fn always_over(policy: &Policy) -> Outcome {
     let now_ms = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
     let window = policy.window_ms().max(1);
     Outcome {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::algorithm::Bucket;
 use crate::backend::{Backend, BackendError, Charge, Group, Outcome};
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::QuotaBucket;
+use crate::limiter::{QuotaBucket, always_over};
 use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 
 use super::assign::Budget;
@@ -77,8 +77,8 @@ impl Ledger {
         if quota.policy.requests_per_unit == 0 {
             let outcomes = self.call(vec![self.demand(quota, demand)]).await?;
             return Ok(Reading {
-                budget: always_closed(&quota.policy),
-                total_demand: total(&outcomes[0]),
+                budget: budget(&always_over(&quota.policy)),
+                total_demand: counted(outcomes[0].remaining),
             });
         }
         // A lockout rule starts its lock on a denial, so never try what may not fit.
@@ -87,7 +87,7 @@ impl Ledger {
         let outcomes = self
             .call(vec![self.charge(quota, first), self.demand(quota, demand)])
             .await?;
-        let total_demand = total(&outcomes[1]);
+        let total_demand = counted(outcomes[1].remaining);
         let mut state = outcomes[0];
         // Whether `state` is a peek (it then says whether one more fits, and when it will).
         let mut peeked = first == 0;
@@ -118,11 +118,7 @@ impl Ledger {
             state = self.peek(quota).await?;
         }
         Ok(Reading {
-            budget: Budget {
-                open: state.allowed && state.remaining > 0,
-                remaining: state.remaining,
-                reset: Duration::from_millis(state.reset_ms),
-            },
+            budget: budget(&state),
             total_demand,
         })
     }
@@ -163,19 +159,17 @@ impl Ledger {
     }
 }
 
-/// A bucket key's weighted count in a demand counter's outcome.
-fn total(outcome: &Outcome) -> u64 {
-    u64::from(u32::MAX).saturating_sub(outcome.remaining)
+/// A demand counter's count, from what its outcome says remains of `u32::MAX`.
+fn counted(remaining: u64) -> u64 {
+    u64::from(u32::MAX).saturating_sub(remaining)
 }
 
-/// The budget of an `L = 0` rule: closed until the current window ends.
-fn always_closed(policy: &Policy) -> Budget {
-    let window = policy.window_ms().max(1);
-    let now = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
+/// The budget a booking's or a peek's outcome leaves.
+fn budget(outcome: &Outcome) -> Budget {
     Budget {
-        open: false,
-        remaining: 0,
-        reset: Duration::from_millis(window - now % window),
+        open: outcome.allowed && outcome.remaining > 0,
+        remaining: outcome.remaining,
+        reset: Duration::from_millis(outcome.reset_ms),
     }
 }
 
@@ -197,7 +191,7 @@ impl OwnDemand {
         if demand > 0 {
             self.0.decide(&policy, now, demand);
         }
-        u64::from(u32::MAX).saturating_sub(self.0.decide(&policy, now, 0).remaining)
+        counted(self.0.decide(&policy, now, 0).remaining)
     }
 }
 

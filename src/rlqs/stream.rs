@@ -209,7 +209,7 @@ impl Stream {
                 "a stream may hold at most {max} buckets (--rlqs-max-buckets)"
             )));
         }
-        let bytes: usize = id.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let bytes = id_bytes(&id);
         if self.id_bytes + bytes > MAX_STREAM_ID_BYTES {
             return Err(Status::resource_exhausted(format!(
                 "a stream's bucket ids may take at most {MAX_STREAM_ID_BYTES} bytes"
@@ -276,11 +276,7 @@ impl Stream {
             if let Some(moved) = self.buckets.get(at) {
                 self.index.insert(Arc::clone(&moved.id), at);
             }
-            self.id_bytes -= gone
-                .id
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
+            self.id_bytes -= id_bytes(&gone.id);
             self.shared.metrics.buckets.dec();
             self.shared.metrics.abandons.inc();
             actions.push(wire::abandon(&gone.id));
@@ -407,6 +403,11 @@ impl Drop for Stream {
             .buckets
             .dec_by(self.buckets.len() as i64);
     }
+}
+
+/// What a bucket id counts against `MAX_STREAM_ID_BYTES`: its keys and values.
+fn id_bytes(id: &BucketPairs) -> usize {
+    id.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
 #[cfg(test)]

@@ -120,23 +120,17 @@ fn bench(args: &floodgate::bench::BenchArgs) -> ExitCode {
     let line = if args.rlqs {
         runtime
             .block_on(floodgate::bench::quota::run(args))
-            .map(|summary| serde_json::to_string(&summary))
+            .and_then(|summary| serde_json::to_string(&summary).map_err(|e| e.to_string()))
     } else {
         runtime
             .block_on(floodgate::bench::run(args))
-            .map(|summary| serde_json::to_string(&summary))
+            .and_then(|summary| serde_json::to_string(&summary).map_err(|e| e.to_string()))
     };
     match line {
-        Ok(json) => match json {
-            Ok(line) => {
-                println!("{line}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("floodgate bench: {error}");
-                ExitCode::FAILURE
-            }
-        },
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("floodgate bench: {error}");
             ExitCode::FAILURE

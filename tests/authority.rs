@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::pki::{Ca, Role};
-use common::{TestServer, descriptor, eventually, request, sample, scrape};
+use common::{TestServer, descriptor, eventually, h2_frame, request, sample, scrape};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::tls::TlsFiles;
@@ -56,14 +56,6 @@ enum Outcome {
     Reset(u32),
     /// `GOAWAY` with this code.
     GoAway(u32),
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
-    let mut out = vec![len[1], len[2], len[3], kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 /// An HPACK integer with an `prefix`-bit prefix (RFC 7541 section 5.1).
@@ -114,9 +106,9 @@ async fn raw_call<S: AsyncRead + AsyncWrite + Unpin>(
     grpc.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
     grpc.extend_from_slice(message);
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(frame(SETTINGS, 0, 0, &[]));
-    out.extend(frame(HEADERS, END_HEADERS, 1, &block));
-    out.extend(frame(DATA, END_STREAM, 1, &grpc));
+    out.extend(h2_frame(SETTINGS, 0, 0, &[]));
+    out.extend(h2_frame(HEADERS, END_HEADERS, 1, &block));
+    out.extend(h2_frame(DATA, END_STREAM, 1, &grpc));
     io.write_all(&out).await.unwrap();
     let mut answer = Vec::new();
     let read = async {
@@ -133,7 +125,9 @@ async fn raw_call<S: AsyncRead + AsyncWrite + Unpin>(
             let code = |at: usize| u32::from_be_bytes(payload[at..at + 4].try_into().unwrap());
             match kind {
                 SETTINGS if flags & ACK == 0 => {
-                    io.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+                    io.write_all(&h2_frame(SETTINGS, ACK, 0, &[]))
+                        .await
+                        .unwrap();
                 }
                 DATA if stream == 1 => answer.extend_from_slice(&payload),
                 HEADERS if stream == 1 && flags & END_STREAM != 0 => {

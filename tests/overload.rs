@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Binary, TestServer, descriptor, request, sample, scrape};
+use common::{Binary, TestServer, descriptor, h2_frame, request, sample, scrape};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::limiter::FailureMode;
 use prost::Message;
@@ -160,15 +160,6 @@ async fn a_call_that_waited_unread_in_the_kernel_is_shed_by_that_wait() {
     let metrics = scrape(server.http).await;
     let shed = sample(&metrics, "floodgate_shed_total{reason=\"deadline\"}");
     assert_eq!(shed, Some(1.0), "{metrics}");
-}
-
-/// One raw HTTP/2 frame.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.extend_from_slice(&[kind, flags]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 /// Reads frames until `done(type, flags)` says so or a GOAWAY arrives; returns the GOAWAY's

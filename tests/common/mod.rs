@@ -234,6 +234,17 @@ impl TestServer {
     }
 }
 
+/// One raw HTTP/2 frame: a 9-byte header (length, type, flags, stream) and `payload`.
+pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("frame fits")
+        .to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
 /// A descriptor from (key, value) pairs.
 pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {

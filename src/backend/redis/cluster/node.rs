@@ -69,13 +69,14 @@ impl NodeLink {
         )))
     }
 
-    /// Sends `cmd` to the master by address, or by slot when the client has no connection
-    /// to that address (it connects to the nodes of its own map).
-    async fn send_command(&self, cmd: redis::Cmd) -> redis::RedisResult<Value> {
+    /// Sends the command `build` makes to the master by address, or by slot when the client
+    /// has no connection to that address (it connects to the nodes of its own map). The
+    /// command is built again only for that second try, so a batch is not copied per call.
+    async fn send_command(&self, build: impl Fn() -> redis::Cmd) -> redis::RedisResult<Value> {
         let mut conn = self.conn.clone();
-        match conn.route_command(cmd.clone(), self.route()).await {
+        match conn.route_command(build(), self.route()).await {
             Err(e) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
-                conn.route_command(cmd, self.route_by_slot()).await
+                conn.route_command(build(), self.route_by_slot()).await
             }
             result => result,
         }
@@ -88,7 +89,7 @@ impl NodeLink {
         }
         let link = self.clone();
         tokio::spawn(async move {
-            let ping = tokio::time::timeout(link.timeout, link.send_command(redis::cmd("PING")));
+            let ping = tokio::time::timeout(link.timeout, link.send_command(|| redis::cmd("PING")));
             let answered = matches!(ping.await, Ok(Ok(_)));
             link.health.end_probe(answered.then(Instant::now));
         });
@@ -107,13 +108,13 @@ impl NodeLink {
         let mut reply = Value::Nil;
         for retry in [false, true] {
             if retry {
-                let load = self.scripts.library_load();
+                let load = || self.scripts.library_load();
                 let loaded = timeout_at(deadline, self.send_command(load)).await;
                 if let Ok(Err(e)) = loaded {
                     return Err(self.secrets.scrub(errors::classify(&e)));
                 }
             }
-            let cmd = GroupWords::command_across_slots(groups, &self.key_prefix, &self.scripts);
+            let cmd = || GroupWords::command_across_slots(groups, &self.key_prefix, &self.scripts);
             reply = match timeout_at(deadline, self.send_command(cmd)).await {
                 Ok(Ok(value)) => value,
                 Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::ReadOnly) => {

@@ -214,7 +214,7 @@ pub async fn serve<L: Listen>(
                             let handshake = acceptor.accept(stream);
                             let stream = tokio::select! {
                                 done = handshake => done,
-                                () = connection.silent_too_long() => {
+                                () = connection.told_to_close() => {
                                     tracing::debug!(%peer, "gRPC TLS handshake timed out");
                                     return;
                                 }
@@ -327,7 +327,7 @@ struct Connection {
 impl Connection {
     /// Resolves once the connection must close: evicted at the cap, or past its first call
     /// deadline without a call.
-    fn silent_too_long(&self) -> impl Future<Output = ()> + use<> {
+    fn told_to_close(&self) -> impl Future<Output = ()> + use<> {
         let (load, evicted, first_call_by) = (
             Arc::clone(&self.load),
             Arc::clone(&self.evicted),
@@ -394,12 +394,12 @@ impl Connection {
         tokio::pin!(aged);
         let closing = sleep_or_never(None);
         tokio::pin!(closing);
-        let silent = self.silent_too_long();
-        tokio::pin!(silent);
+        let told_to_close = self.told_to_close();
+        tokio::pin!(told_to_close);
         let mut draining = false;
         loop {
             tokio::select! {
-                () = &mut silent, if !draining => {
+                () = &mut told_to_close, if !draining => {
                     if self.load.calls() == 0 {
                         tracing::debug!("gRPC connection sent no call in time: closing it");
                         return;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::standing::StandingWait;
 use super::{Arrival, ConnectionLoad, Deadline, ShedReason};
 
 /// Default standing-queue target for calls without a deadline (CoDel): a quarter of Envoy's
@@ -34,6 +35,8 @@ pub struct Admission {
     active_connections: AtomicU64,
     /// Since when (µs after `origin`) the sojourn has been above the target; 0 = it is not.
     above_since_us: AtomicU64,
+    /// How long calls have all been waiting on their way in: the way out takes as long.
+    standing: StandingWait,
     origin: Instant,
 }
 
@@ -54,6 +57,7 @@ impl Admission {
             in_flight: AtomicU64::new(0),
             active_connections: AtomicU64::new(0),
             above_since_us: AtomicU64::new(0),
+            standing: StandingWait::default(),
             origin: Instant::now(),
         }
     }
@@ -83,13 +87,19 @@ impl Admission {
         let sojourn = arrival.map_or(Duration::ZERO, |arrival| {
             now.saturating_duration_since(arrival.at)
         });
-        // The way out takes about as long as the way in: the wait unread and the sojourn,
-        // the wait unread taken to be about the sojourn where the kernel does not say.
-        let still_to_wait = arrival.map_or(Duration::ZERO, |arrival| {
-            sojourn + arrival.unread.unwrap_or(sojourn)
-        });
+        // The way in: the wait unread and the sojourn, the wait unread taken to be about the
+        // sojourn where the kernel does not say. The way out takes as long as the way in
+        // that every recent call met (a passing stall is over by then).
+        // The deadline counts from the receive stamp, so a wait unread that the kernel did not
+        // stamp is still to be taken from it.
+        let (way_in, uncounted) = match arrival.map(|arrival| arrival.unread) {
+            None => (Duration::ZERO, Duration::ZERO),
+            Some(Some(unread)) => (sojourn + unread, Duration::ZERO),
+            Some(None) => (sojourn * 2, sojourn),
+        };
+        let way_out = self.standing.record(now, way_in);
         match deadline {
-            Some(deadline) if deadline.work_ends() <= now + still_to_wait => {
+            Some(deadline) if deadline.work_ends() <= now + uncounted + way_out => {
                 return Err(ShedReason::Deadline);
             }
             Some(deadline) if !self.queue_in_time(units, now, deadline) => {
@@ -242,40 +252,59 @@ mod tests {
                 )
                 .is_ok()
         );
-        // A call that waited 6 ms of a 10 ms budget waited about as long before it was seen,
-        // and would again on the way out; one that waited 3 ms fits.
+        // Where the kernel says how long a call waited unread, that wait counts too: 5 ms
+        // unread and 3 ms taken are 8 ms of a 10 ms budget. On an otherwise idle service
+        // the way out is short, so it is served.
         let connection = Arc::new(ConnectionLoad::default());
-        tokio::time::advance(Duration::from_millis(6)).await;
-        let now = Instant::now();
-        let waited = arrival(now - Duration::from_millis(6), &connection);
-        let deadline = Deadline::ending_at(waited.at + Duration::from_millis(10));
+        let waited = |unread_ms, sojourn_ms| Arrival {
+            unread: Some(Duration::from_millis(unread_ms)),
+            ..arrival(
+                Instant::now() - Duration::from_millis(sojourn_ms),
+                &connection,
+            )
+        };
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let stalled = waited(5, 3);
         assert_eq!(
-            admission.admit(1, Some(&waited), Some(deadline)).err(),
+            stalled.received(),
+            Instant::now() - Duration::from_millis(8)
+        );
+        let in_10_ms = |arrival: &Arrival| {
+            Some(Deadline::ending_at(
+                arrival.received() + Duration::from_millis(10),
+            ))
+        };
+        assert!(
+            admission
+                .admit(1, Some(&stalled), in_10_ms(&stalled))
+                .is_ok()
+        );
+        // Once every call has waited 3 ms on the way in for two windows, the way out takes
+        // 3 ms too: 8 ms in leaves 2 ms, too little; 6 ms in leaves 4 ms, enough.
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(5)).await;
+            let _served = admission.admit(1, Some(&waited(1, 2)), None).unwrap();
+        }
+        let late = waited(5, 3);
+        assert_eq!(
+            admission.admit(1, Some(&late), in_10_ms(&late)).err(),
             Some(ShedReason::Deadline)
         );
-        let waited = arrival(now - Duration::from_millis(3), &connection);
-        let deadline = Deadline::ending_at(waited.at + Duration::from_millis(10));
-        assert!(admission.admit(1, Some(&waited), Some(deadline)).is_ok());
-
-        // Where the kernel says how long the call waited unread, that wait counts instead:
-        // 5 ms unread and 3 ms taken leave 2 ms, less than the 8 ms of a way out as long.
-        let measured = Arrival {
-            unread: Some(Duration::from_millis(5)),
-            ..arrival(now - Duration::from_millis(3), &connection)
-        };
-        assert_eq!(measured.received(), now - Duration::from_millis(8));
-        let deadline = Deadline::ending_at(measured.received() + Duration::from_millis(10));
+        let in_time = waited(3, 3);
+        assert!(
+            admission
+                .admit(1, Some(&in_time), in_10_ms(&in_time))
+                .is_ok()
+        );
+        // Without the kernel's word (unix sockets) the wait unread is taken to be the
+        // sojourn: 4 ms taken are 8 ms in, which leave 2 ms.
+        let unstamped = arrival(Instant::now() - Duration::from_millis(4), &connection);
         assert_eq!(
-            admission.admit(1, Some(&measured), Some(deadline)).err(),
+            admission
+                .admit(1, Some(&unstamped), in_10_ms(&unstamped))
+                .err(),
             Some(ShedReason::Deadline)
         );
-        // 1 ms unread: 6 ms left, more than the 4 ms out.
-        let measured = Arrival {
-            unread: Some(Duration::from_millis(1)),
-            ..measured
-        };
-        let deadline = Deadline::ending_at(measured.received() + Duration::from_millis(10));
-        assert!(admission.admit(1, Some(&measured), Some(deadline)).is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,9 +8,10 @@
 //!    socket's receive buffer, for the connection task behind the same queue: on TCP the
 //!    kernel's receive stamp says how long ([`ReceiveStamp`]), and the caller's
 //!    deadline counts from then; elsewhere that wait is taken to be about the sojourn. Its
-//!    answer takes about as long again on the way out. A call whose `grpc-timeout` leaves
-//!    less than that cannot be answered in time, so it is answered now. Only calls that
-//!    cannot make their deadline are shed this way.
+//!    answer takes about as long again on the way out as every recent call waited on the
+//!    way in (the standing wait: a passing stall is over by then). A call whose
+//!    `grpc-timeout` leaves less than that cannot be answered in time, so it is answered
+//!    now. Only calls that cannot make their deadline are shed this way.
 //! 2. **Queue (CoDel).** For calls without a deadline: once the sojourn has stayed above the
 //!    target for a whole interval, calls that waited longer than the target are shed until
 //!    it drops below again. A short burst is absorbed, a standing queue is not.
@@ -38,6 +39,7 @@
 mod admission;
 mod arrival;
 mod deadline;
+mod standing;
 
 pub use admission::{Admission, DEFAULT_TARGET_LATENCY, MAX_IN_FLIGHT, Permit, QueueWait};
 pub use arrival::{Arrival, ConnectionLoad, ReceiveStamp, Stamped};

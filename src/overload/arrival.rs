@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
 
+use super::turns::{ConnectionCalls, InTurn, Outstanding};
+
 /// Longest wait believed: a larger one means the wall clock stepped between the kernel's
 /// stamp and the read, and says nothing about the call.
 const LONGEST_WAIT: Duration = Duration::from_secs(10);
@@ -88,23 +90,32 @@ pub struct ConnectionLoad {
     latest_call_ms: AtomicU64,
     opened: Instant,
     received: Option<Arc<ReceiveStamp>>,
+    /// Its calls from when it takes them until they are answered, and its turns.
+    outstanding: Arc<ConnectionCalls>,
 }
 
 impl Default for ConnectionLoad {
     fn default() -> ConnectionLoad {
-        ConnectionLoad::receiving(None)
+        ConnectionLoad::receiving(None, Arc::default(), 1)
     }
 }
 
 impl ConnectionLoad {
-    /// The load of a connection, opened now, whose reads keep `received`.
-    pub fn receiving(received: Option<Arc<ReceiveStamp>>) -> ConnectionLoad {
+    /// The load of a connection, opened now, whose reads keep `received`, among the
+    /// connections whose calls `all` counts; over its share, its calls take `turns` at a
+    /// time (see [`super::turns`]).
+    pub fn receiving(
+        received: Option<Arc<ReceiveStamp>>,
+        all: Arc<Outstanding>,
+        turns: usize,
+    ) -> ConnectionLoad {
         ConnectionLoad {
             in_flight: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             latest_call_ms: AtomicU64::new(0),
             opened: Instant::now(),
             received,
+            outstanding: Arc::new(ConnectionCalls::new(all, turns)),
         }
     }
 
@@ -159,7 +170,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = InTurn<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -173,7 +184,11 @@ where
             unread: self.connection.unread(),
             connection: Arc::clone(&self.connection),
         });
-        self.inner.call(request)
+        InTurn::new(
+            self.inner.call(request),
+            Arc::clone(&self.connection.outstanding),
+            now,
+        )
     }
 }
 

@@ -35,7 +35,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import (LOOPBACK, Floodgate, Harness, RedisCluster, RedisNode,  # noqa: E402
+from harness import (LOOPBACK, Bench, Floodgate, Harness, RedisCluster, RedisNode,  # noqa: E402
                      encode_command, log, process_cpu_seconds, read_reply, redis_command_calls,
                      redis_cpu_seconds, resp, run_bench)
 
@@ -67,6 +67,14 @@ COLD_SPIKE_IDLE_S = 10
 SCALING_CPUS = (1, 2, 4, 8)
 SCALING_IN_FLIGHT = 512
 SCALING_CONNECTIONS = 8
+# The fairness section (issue 33): a light caller alone, then beside a heavy caller on
+# another connection (run under `nice`, so that on a shared generator CPU the light
+# caller's own process is not what waits).
+FAIRNESS_LIGHT = ["--rate", "200/s", "--concurrency", "64", "--connections", "1",
+                  "--keys", "1000", "--timeout", "1s"]
+FAIRNESS_HEAVY = ["--concurrency", "512", "--connections", "1", "--descriptors", "64",
+                  "--keys", "10000", "--timeout", "1s"]
+FAIRNESS_HEAVY_LEAD_S = 2
 # With `--overload-cpu-share`, floodgate's CPU in the overload runs is capped as a Kubernetes
 # CPU limit (a CFS quota) would cap it, in periods short enough that throttling adds as
 # little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods against
@@ -492,6 +500,43 @@ def scaling(binary, harness, rules, seconds):
     return rows
 
 
+def fairness(binary, harness, rules, seconds, pins):
+    """A light caller's latency alone and beside a heavy caller (issue 33: turns for a
+    connection over its share): the memory backend on the first CPU, both callers on the
+    other(s)."""
+    floodgate = Floodgate(harness, binary, rules, "memory", prefix=pinned(pins and pins[0], []))
+    generate = pins and pins[1]
+
+    def light(name):
+        return run_bench(harness, binary, floodgate.target, FAIRNESS_LIGHT, seconds, name=name,
+                         prefix=pinned(generate, []))
+
+    alone = light("fairness-light-alone")
+    heavy = Bench(harness, binary, floodgate.target,
+                  ["--duration", f"{seconds + 2 * FAIRNESS_HEAVY_LEAD_S}s", *FAIRNESS_HEAVY],
+                  "fairness-heavy", prefix=["nice", "-n", "19", *pinned(generate, [])])
+    time.sleep(FAIRNESS_HEAVY_LEAD_S)
+    beside = light("fairness-light-beside")
+    heavy_summary = heavy.result(seconds + 60)
+    floodgate.stop()
+    row = {"light_alone_us": {q: alone["latency_us"][q] for q in ("p50", "p90", "p99")},
+           "light_beside_us": {q: beside["latency_us"][q] for q in ("p50", "p90", "p99")},
+           "heavy_calls_per_s": heavy_summary["requests_per_s"],
+           "heavy_p99_us": heavy_summary["latency_us"]["p99"]}
+    log(f"fairness: {json.dumps(row)}")
+    return row
+
+
+def fairness_table(row):
+    out = ["| light caller | p50 ms | p90 ms | p99 ms |", "|---|---:|---:|---:|"]
+    for label, key in (("alone", "light_alone_us"), ("beside the heavy caller",
+                                                       "light_beside_us")):
+        q = row[key]
+        out.append(f"| {label} | {q['p50'] / 1000:.1f} | {q['p90'] / 1000:.1f} "
+                   f"| {q['p99'] / 1000:.1f} |")
+    return "\n".join(out)
+
+
 def scaling_table(rows):
     one = rows[0]
     out = ["| service CPUs | decisions/s | / 1 CPU | floodgate CPU us/decision | / 1 CPU "
@@ -575,7 +620,7 @@ def table(results):
 
 
 def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(),
-                 scale=()):
+                 scale=(), fair=None):
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -670,6 +715,14 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
                   f"generator at least as many CPUs), {SCALING_IN_FLIGHT} calls in flight over "
                   f"{SCALING_CONNECTIONS} connections, the generator on the other CPUs (taskset). "
                   "The ratios are against the 1-CPU row.", "", scaling_table(scale), ""]
+    if fair:
+        lines += ["## Fairness between callers", "",
+                  "The memory backend on one CPU. A light caller (1 descriptor, 200 calls/s, one "
+                  "connection) alone, then beside a heavy caller keeping "
+                  f"{FAIRNESS_HEAVY[1]} calls of {FAIRNESS_HEAVY[5]} descriptors in flight on "
+                  "one connection (under `nice` on the generator CPU). The heavy caller made "
+                  f"{fair['heavy_calls_per_s']:,.0f} calls/s (p99 "
+                  f"{fair['heavy_p99_us'] / 1000:.1f} ms).", "", fairness_table(fair), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -686,6 +739,8 @@ def main():
                         help="add the overload section (memory and redis)")
     parser.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
                         help="add the scaling section (memory, 1 to 8 service CPUs)")
+    parser.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the fairness section (a light caller beside a heavy one)")
     parser.add_argument("--cold-spikes", action=argparse.BooleanOptionalAction, default=True,
                         help="add the cold-replica spike section (redis)")
     parser.add_argument("--overload-cpu-share", type=float, metavar="SHARE",
@@ -705,7 +760,7 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
-    results, ceilings, overloads, colds, spikes, scale = [], {}, {}, [], [], []
+    results, ceilings, overloads, colds, spikes, scale, fair = [], {}, {}, [], [], [], None
     started = time.monotonic()
     try:
         for backend in args.backends.split(","):
@@ -766,6 +821,8 @@ def main():
             for proc in list(harness.procs):
                 harness.kill(proc)
             harness.procs.clear()
+        if args.fairness:
+            fair = fairness(args.binary, harness, rules, seconds, pins)
         if args.scaling:
             scale = scaling(args.binary, harness, rules, seconds)
         raw = os.path.splitext(args.out)[0] + ".jsonl"
@@ -783,8 +840,10 @@ def main():
                 f.write(json.dumps({"cold_spike": spike}) + "\n")
             for row in scale:
                 f.write(json.dumps({"scaling": row}) + "\n")
+            if fair:
+                f.write(json.dumps({"fairness": fair}) + "\n")
         write_report(args.out, meta, results, ceilings, args.argv, overloads, colds, spikes,
-                     scale)
+                     scale, fair)
         log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
     finally:
         harness.close()

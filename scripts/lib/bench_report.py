@@ -36,8 +36,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import (LOOPBACK, Bench, Floodgate, Harness, RedisCluster, RedisNode,  # noqa: E402
-                     encode_command, log, process_cpu_seconds, read_reply, redis_command_calls,
-                     redis_cpu_seconds, resp, run_bench)
+                     encode_command, log, process_cpu_seconds, process_rss_kib, read_reply,
+                     redis_command_calls, redis_cpu_seconds, resp, run_bench)
 
 FULL = {"in_flight": [16, 64, 512], "keys": [1, 10_000, 1_000_000], "descriptors": [1, 5]}
 QUICK = {"in_flight": [16, 64], "keys": [10_000], "descriptors": [1, 5]}
@@ -67,6 +67,15 @@ COLD_SPIKE_IDLE_S = 10
 SCALING_CPUS = (1, 2, 4, 8)
 SCALING_IN_FLIGHT = 512
 SCALING_CONNECTIONS = 8
+# The RLQS section (issue 32): the `quota` rule of the bench rules (1,000 a second), simulated
+# Envoys reporting every 0.5 s; each load is (Envoys, offered per Envoy per second, target).
+RLQS_LIMIT = 1000
+RLQS_SECONDS = 15
+RLQS_LOADS = ((2, 3000, "within the limit"), (10, 600, "within the limit"),
+              (1, 500, "below the limit"))
+RLQS_BACKENDS = ("memory", "redis", "redis-cluster")
+# The push-latency run: many Envoys, several buckets each, on memory.
+RLQS_MANY_STREAMS, RLQS_MANY_BUCKETS, RLQS_MANY_OFFERED = 1000, 10, 2
 # The fairness section (issue 33): a light caller alone, then beside a heavy caller on
 # another connection (run under `nice`, so that on a shared generator CPU the light
 # caller's own process is not what waits).
@@ -500,6 +509,87 @@ def scaling(binary, harness, rules, seconds):
     return rows
 
 
+def rlqs_servers(harness, binary, rules, backend, pins):
+    """Fresh servers for one RLQS run: one replica on memory (replicas would not share it),
+    two on a fresh Redis or 3-master Cluster."""
+    serve = pins and pins[0]
+    if backend == "memory":
+        return [Floodgate(harness, binary, rules, "memory", prefix=pinned(serve, []))]
+    if backend == "redis":
+        node = RedisNode(harness)
+        pin_redis([node], pins and pins[1])
+        urls = [node.url]
+    else:
+        cluster = RedisCluster(harness, masters=3)
+        pin_redis(cluster.masters(), pins and pins[1])
+        urls = cluster.urls()
+    return [Floodgate(harness, binary, rules, backend, urls, prefix=pinned(serve, []))
+            for _ in range(2)]
+
+
+def rlqs_bench(harness, binary, servers, args, seconds, name, pins):
+    replicas = [arg for server in servers[1:] for arg in ("--rlqs-replica", server.target)]
+    return Bench(harness, binary, servers[0].target,
+                 ["--duration", f"{seconds}s", "--rlqs", "--key", "quota", "--rlqs-limit",
+                  str(RLQS_LIMIT), *replicas, *args], name,
+                 prefix=pinned(pins and pins[1], []))
+
+
+def rlqs(binary, harness, rules, pins):
+    """Envoys on quota streams (issue 32): what they admit per window against the limit, on
+    each backend with fresh servers per run; then the push latency and memory per stream
+    with many streams."""
+    rows = []
+    for backend in RLQS_BACKENDS:
+        for envoys, offered, target in RLQS_LOADS:
+            servers = rlqs_servers(harness, binary, rules, backend, pins)
+            summary = rlqs_bench(harness, binary, servers,
+                                 ["--rlqs-streams", str(envoys), "--rlqs-offered",
+                                  f"{offered}/s"], RLQS_SECONDS,
+                                 f"rlqs-{backend}-{envoys}", pins).result(RLQS_SECONDS + 60)
+            for server in servers:
+                server.stop()
+            for proc in list(harness.procs):
+                harness.kill(proc)
+            harness.procs.clear()
+            rows.append({"target": target, "backend": backend, "envoys": envoys,
+                         "offered_per_s": offered, "ratio": summary["admitted_ratio"],
+                         "admitted": summary["admitted"], "denied": summary["denied"],
+                         "push_p99_ms": summary["push_latency_ms"]["p99"],
+                         "stream_errors": summary["stream_errors"]})
+            log(f"rlqs: {json.dumps(rows[-1])}")
+    server = rlqs_servers(harness, binary, rules, "memory", pins)
+    rss_before = process_rss_kib(server[0].proc.pid)
+    bench = rlqs_bench(harness, binary, server,
+                       ["--rlqs-streams", str(RLQS_MANY_STREAMS), "--rlqs-buckets",
+                        str(RLQS_MANY_BUCKETS), "--rlqs-offered", f"{RLQS_MANY_OFFERED}/s"],
+                       RLQS_SECONDS, "rlqs-many", pins)
+    time.sleep(RLQS_SECONDS / 2)
+    rss_during = process_rss_kib(server[0].proc.pid)
+    summary = bench.result(RLQS_SECONDS + 60)
+    server[0].stop()
+    many = {"streams": RLQS_MANY_STREAMS, "buckets": RLQS_MANY_BUCKETS,
+            "push_latency_ms": summary["push_latency_ms"],
+            "kib_per_stream": round((rss_during - rss_before) / RLQS_MANY_STREAMS, 1),
+            "stream_errors": summary["stream_errors"]}
+    log(f"rlqs many: {json.dumps(many)}")
+    return {"rows": rows, "many": many}
+
+
+def rlqs_table(rlqs_runs):
+    names = {"memory": "memory", "redis": "Redis, 2 replicas",
+             "redis-cluster": "Cluster (3 masters), 2 replicas"}
+    out = ["| target | backend | Envoys x offered each | admitted per window / limit: min, "
+           "mean, max | denied | push p99 ms |", "|---|---|---|---|---:|---:|"]
+    for r in rlqs_runs["rows"]:
+        ratio = r["ratio"]
+        denied = f"{r['denied']:,} of {r['admitted'] + r['denied']:,}"
+        out.append(f"| {r['target']} | {names[r['backend']]} | {r['envoys']} x "
+                   f"{r['offered_per_s']:,}/s | {ratio['min']}, {ratio['mean']}, "
+                   f"{ratio['max']} | {denied} | {r['push_p99_ms']} |")
+    return "\n".join(out)
+
+
 def fairness(binary, harness, rules, seconds, pins):
     """A light caller's latency alone and beside a heavy caller (issue 33: turns for a
     connection over its share): the memory backend on the first CPU, both callers on the
@@ -620,7 +710,7 @@ def table(results):
 
 
 def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(),
-                 scale=(), fair=None):
+                 scale=(), fair=None, rlqs_runs=None):
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -715,6 +805,19 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
                   f"generator at least as many CPUs), {SCALING_IN_FLIGHT} calls in flight over "
                   f"{SCALING_CONNECTIONS} connections, the generator on the other CPUs (taskset). "
                   "The ratios are against the 1-CPU row.", "", scaling_table(scale), ""]
+    if rlqs_runs:
+        many = rlqs_runs["many"]
+        latency = many["push_latency_ms"]
+        lines += ["## RLQS: simulated Envoys on quota streams", "",
+                  f"One rule of {RLQS_LIMIT:,} a second; each simulated Envoy enforces what it "
+                  "is assigned as Envoy's filter does and reports every 0.5 s; "
+                  f"{RLQS_SECONDS} s runs on fresh servers, the first 3 s left out; the "
+                  "replicas on the first CPU, the bench and Redis on the other(s).", "",
+                  rlqs_table(rlqs_runs), "",
+                  f"With {many['streams']:,} streams x {many['buckets']} buckets on memory: "
+                  f"push latency p50 {latency['p50']} ms, p99 {latency['p99']} ms, max "
+                  f"{latency['max']} ms; about {many['kib_per_stream']} KiB of resident "
+                  "memory per open stream.", ""]
     if fair:
         lines += ["## Fairness between callers", "",
                   "The memory backend on one CPU. A light caller (1 descriptor, 200 calls/s, one "
@@ -739,6 +842,8 @@ def main():
                         help="add the overload section (memory and redis)")
     parser.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
                         help="add the scaling section (memory, 1 to 8 service CPUs)")
+    parser.add_argument("--rlqs", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the RLQS section (simulated Envoys on every backend)")
     parser.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=True,
                         help="add the fairness section (a light caller beside a heavy one)")
     parser.add_argument("--cold-spikes", action=argparse.BooleanOptionalAction, default=True,
@@ -760,7 +865,8 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
-    results, ceilings, overloads, colds, spikes, scale, fair = [], {}, {}, [], [], [], None
+    results, ceilings, overloads, colds, spikes, scale = [], {}, {}, [], [], []
+    fair, rlqs_runs = None, None
     started = time.monotonic()
     try:
         for backend in args.backends.split(","):
@@ -821,6 +927,8 @@ def main():
             for proc in list(harness.procs):
                 harness.kill(proc)
             harness.procs.clear()
+        if args.rlqs:
+            rlqs_runs = rlqs(args.binary, harness, rules, pins)
         if args.fairness:
             fair = fairness(args.binary, harness, rules, seconds, pins)
         if args.scaling:
@@ -842,8 +950,10 @@ def main():
                 f.write(json.dumps({"scaling": row}) + "\n")
             if fair:
                 f.write(json.dumps({"fairness": fair}) + "\n")
+            if rlqs_runs:
+                f.write(json.dumps({"rlqs": rlqs_runs}) + "\n")
         write_report(args.out, meta, results, ceilings, args.argv, overloads, colds, spikes,
-                     scale, fair)
+                     scale, fair, rlqs_runs)
         log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
     finally:
         harness.close()

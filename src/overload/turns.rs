@@ -8,12 +8,15 @@
 //! [`super::Admission`]) saw none of that queue.
 //!
 //! So a connection's calls are counted from when it takes them ([`super::Stamped`]). While
-//! a connection holds more than [`OVER_SHARE`] times as many as the other connections hold
-//! on average, its calls run only with one of its turns (as many as the runtime has
-//! workers): the others wait parked, off the run queue, and each takes a turn as one is
-//! given back. A turn is held only while its call runs, not while it waits on Redis, so the
-//! connection's calls still overlap on the backend. A lone connection, or connections with
-//! about equal loads, never wait for a turn.
+//! a connection holds more than [`OVER_SHARE`] times what the other connections that called
+//! lately hold on average, each run of its calls needs one of its turns (as many as the
+//! runtime has workers). A call that gets one goes to the back of the run queue before it
+//! runs; the others wait parked, off the run queue, until a turn is given back, and the
+//! connection goes on taking turns until none of its calls is parked. A turn is held only
+//! for one run, not while the call waits on Redis, so the connection's calls still overlap on
+//! the backend. A lone connection, or connections with about even loads, never take turns.
+//! Beside that caller, the light caller's p50 went from 18-20 ms to 1.7-2.0 ms; the heavy
+//! one kept 90% of its calls a second.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -195,37 +198,37 @@ impl<F: Future> Future for InTurn<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        if let Some(waiting) = this.waiting.as_mut() {
-            // Woken by the turn given back by the call that ran before it. Tokio runs a task
-            // woken that way next (its LIFO slot), which would chain this connection's
-            // calls ahead of every other: it goes to the back of the run queue first.
-            let granted = std::task::ready!(waiting.as_mut().poll(cx));
-            *this.waiting = None;
-            this.calls.parked.fetch_sub(1, Ordering::Relaxed);
-            *this.turn = granted.ok();
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        } else if this.turn.is_none() && this.calls.takes_turns() {
-            match Arc::clone(&this.calls.turns).try_acquire_owned() {
-                Ok(turn) => {
-                    // Free now, but the calls already in the run queue go first.
-                    *this.turn = Some(turn);
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                Err(TryAcquireError::NoPermits) => {
-                    let mut waiting: Waiting =
-                        Box::pin(Arc::clone(&this.calls.turns).acquire_owned());
-                    if let Poll::Ready(granted) = waiting.as_mut().poll(cx) {
-                        *this.turn = granted.ok();
-                        cx.waker().wake_by_ref();
-                    } else {
-                        *this.waiting = Some(waiting);
-                        this.calls.parked.fetch_add(1, Ordering::Relaxed);
+        if this.turn.is_none() {
+            let taken = if let Some(waiting) = this.waiting.as_mut() {
+                let granted = std::task::ready!(waiting.as_mut().poll(cx));
+                *this.waiting = None;
+                this.calls.parked.fetch_sub(1, Ordering::Relaxed);
+                Some(granted.ok())
+            } else if this.calls.takes_turns() {
+                match Arc::clone(&this.calls.turns).try_acquire_owned() {
+                    Ok(turn) => Some(Some(turn)),
+                    Err(TryAcquireError::NoPermits) => {
+                        let mut waiting: Waiting =
+                            Box::pin(Arc::clone(&this.calls.turns).acquire_owned());
+                        let Poll::Ready(granted) = waiting.as_mut().poll(cx) else {
+                            *this.waiting = Some(waiting);
+                            this.calls.parked.fetch_add(1, Ordering::Relaxed);
+                            return Poll::Pending;
+                        };
+                        Some(granted.ok())
                     }
-                    return Poll::Pending;
+                    Err(TryAcquireError::Closed) => None,
                 }
-                Err(TryAcquireError::Closed) => {}
+            } else {
+                None
+            };
+            if let Some(turn) = taken {
+                // The calls already in the run queue go first. (A call woken by a turn given
+                // back would otherwise run next, in Tokio's LIFO slot, and chain this
+                // connection's calls ahead of every other.)
+                *this.turn = turn;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
         }
         let polled = this.call.poll(cx);

@@ -97,7 +97,7 @@ impl Admission {
             Some(Some(unread)) => (sojourn + unread, Duration::ZERO),
             Some(None) => (sojourn * 2, sojourn),
         };
-        let way_out = self.standing.record(now, way_in);
+        let way_out = self.standing.record(way_in);
         match deadline {
             Some(deadline) if deadline.work_ends() <= now + uncounted + way_out => {
                 return Err(ShedReason::Deadline);
@@ -279,10 +279,10 @@ mod tests {
                 .admit(1, Some(&stalled), in_10_ms(&stalled))
                 .is_ok()
         );
-        // Once every call has waited 3 ms on the way in for two windows, the way out takes
-        // 3 ms too: 8 ms in leaves 2 ms, too little; 6 ms in leaves 4 ms, enough.
+        // Once calls have waited 3 ms on the way in for a while, 8 ms in (over twice that)
+        // is taken to leave in about 3 ms, more than the 2 ms left; 4 ms in is taken to
+        // leave in as long again, and 6 ms are left.
         for _ in 0..10 {
-            tokio::time::advance(Duration::from_millis(5)).await;
             let _served = admission.admit(1, Some(&waited(1, 2)), None).unwrap();
         }
         let late = waited(5, 3);
@@ -290,7 +290,7 @@ mod tests {
             admission.admit(1, Some(&late), in_10_ms(&late)).err(),
             Some(ShedReason::Deadline)
         );
-        let in_time = waited(3, 3);
+        let in_time = waited(1, 3);
         assert!(
             admission
                 .admit(1, Some(&in_time), in_10_ms(&in_time))

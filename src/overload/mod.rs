@@ -8,10 +8,11 @@
 //!    socket's receive buffer, for the connection task behind the same queue: on TCP the
 //!    kernel's receive stamp says how long ([`ReceiveStamp`]), and the caller's
 //!    deadline counts from then; elsewhere that wait is taken to be about the sojourn. Its
-//!    answer takes about as long again on the way out as every recent call waited on the
-//!    way in (the standing wait: a passing stall is over by then). A call whose
-//!    `grpc-timeout` leaves less than that cannot be answered in time, so it is answered
-//!    now. Only calls that cannot make their deadline are shed this way.
+//!    answer takes about as long again on the way out, unless its way in was over twice the
+//!    recent average (a passing stall, over by then), when the average stands for it
+//!    (`standing`). A call whose `grpc-timeout` leaves less than that cannot be answered in
+//!    time, so it is answered now. Only calls that cannot make their deadline are shed this
+//!    way.
 //! 2. **Queue (CoDel).** For calls without a deadline: once the sojourn has stayed above the
 //!    target for a whole interval, calls that waited longer than the target are shed until
 //!    it drops below again. A short burst is absorbed, a standing queue is not.

@@ -1,79 +1,52 @@
-//! The standing wait: the least time calls waited on their way in over the latest window or
-//! two, which is how long the way out takes too.
+//! The standing wait: how long recent calls waited on their way in, on average, which is how
+//! long the way out takes too.
 //!
 //! One call's wait says little about the next: a passing stall (a rules reload, a metrics
 //! scrape, a page fault) stretches a few calls' waits and is gone by the time they are
 //! answered. Taking each call's own wait as its way out shed such calls, and under the
-//! default failure mode they were answered OK without a decision: sheds no client saw. A
-//! wait that every call of the latest 20 to 40 ms met is a queue that is still there.
+//! default failure mode they were answered OK without a decision: sheds no client saw.
+//!
+//! So each call's wait also moves an average an eighth of the way. A call that waited over
+//! twice the average met a stall, and its way out is taken to be the average; any other
+//! call's way out is taken to be its own wait, as long as it came. Under overload that is
+//! the estimate that answered no call late: the least wait over a window, and the average
+//! alone, both let in calls whose answers then came after their deadline (1 to 2% of them at
+//! twice the capacity), for some call of every window is read or run at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
+/// Each new wait moves the average by this fraction of the difference (1/8).
+const WEIGHT_SHIFT: u32 = 3;
+/// A wait over this many times the average is a stall's, not a queue's: the first five or so
+/// calls of a stall are, and under overload a call's own wait stays the estimate, which
+/// answered none of them late.
+const OUTLIER: u64 = 2;
 
-/// How long one window lasts: Envoy's default timeout, so a stall shorter than a call's
-/// whole budget never sets the standing wait alone.
-const WINDOW: Duration = Duration::from_millis(20);
-
-/// The least wait over the current and the previous window.
-#[derive(Debug)]
+/// A moving average of recent calls' waits, in µs.
+#[derive(Debug, Default)]
 pub struct StandingWait {
-    origin: Instant,
-    /// When the current window began, in µs after `origin`.
-    window_start_us: AtomicU64,
-    /// The least wait seen in the current window, in µs (`u64::MAX`: none yet).
-    current_us: AtomicU64,
-    /// The least wait of the previous window, in µs; 0 when it had no call: a service
-    /// without calls has no queue.
-    previous_us: AtomicU64,
-}
-
-impl Default for StandingWait {
-    fn default() -> StandingWait {
-        StandingWait {
-            origin: Instant::now(),
-            window_start_us: AtomicU64::new(0),
-            current_us: AtomicU64::new(u64::MAX),
-            previous_us: AtomicU64::new(0),
-        }
-    }
+    average_us: AtomicU64,
 }
 
 impl StandingWait {
-    /// Records the wait of a call seen at `now` and returns the standing wait, this call
-    /// included: never more than its own wait.
-    pub fn record(&self, now: Instant, waited: Duration) -> Duration {
-        let now_us = micros(now.saturating_duration_since(self.origin));
-        let waited_us = micros(waited);
-        let window_us = micros(WINDOW);
-        let start = self.window_start_us.load(Ordering::Relaxed);
-        let elapsed = now_us.saturating_sub(start);
-        if elapsed >= window_us
-            && self
-                .window_start_us
-                .compare_exchange(start, now_us, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            // This call opens a new window; the one just closed becomes the previous one,
-            // unless more than a whole window went by without a call.
-            let closed = self.current_us.swap(waited_us, Ordering::Relaxed);
-            let previous = if elapsed >= 2 * window_us { 0 } else { closed };
-            self.previous_us.store(previous, Ordering::Relaxed);
+    /// Records the wait of a call and returns how long its way out is taken to be: its own
+    /// wait, unless that is over [`OUTLIER`] times the average (a passing stall, not a
+    /// queue), when the average stands for it.
+    pub fn record(&self, waited: Duration) -> Duration {
+        let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX >> WEIGHT_SHIFT);
+        let before = self.average_us.load(Ordering::Relaxed);
+        // Racing callers may each miss the other's sample: a sample lost now and then only
+        // slows the average down.
+        let average = before - (before >> WEIGHT_SHIFT) + (waited_us >> WEIGHT_SHIFT);
+        self.average_us.store(average, Ordering::Relaxed);
+        let way_out = if waited_us > average.saturating_mul(OUTLIER) {
+            average
         } else {
-            self.current_us.fetch_min(waited_us, Ordering::Relaxed);
-        }
-        let least = self
-            .previous_us
-            .load(Ordering::Relaxed)
-            .min(self.current_us.load(Ordering::Relaxed))
-            .min(waited_us);
-        Duration::from_micros(least)
+            waited_us
+        };
+        Duration::from_micros(way_out)
     }
-}
-
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -84,38 +57,26 @@ mod tests {
         Duration::from_millis(ms)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_passing_stall_is_not_a_standing_wait() {
+    #[test]
+    fn a_passing_stall_moves_the_standing_wait_little() {
         let standing = StandingWait::default();
-        // An idle service: no queue, whatever one call waited.
-        assert_eq!(standing.record(Instant::now(), ms(6)), ms(0));
-        tokio::time::advance(ms(100)).await;
-        assert_eq!(standing.record(Instant::now(), ms(9)), ms(0));
-        // Calls met 1 ms for a while, then a stall of 12 ms: the 1 ms still stands.
-        for _ in 0..3 {
-            tokio::time::advance(ms(10)).await;
-            standing.record(Instant::now(), ms(1));
+        for _ in 0..50 {
+            standing.record(ms(1));
         }
-        tokio::time::advance(ms(10)).await;
-        assert_eq!(standing.record(Instant::now(), ms(12)), ms(1));
+        // One call caught in a 1.6 s stall: the way out is taken to be about 0.2 s.
+        let stalled = standing.record(ms(1_600));
+        assert!(stalled < ms(205) && stalled > ms(195), "{stalled:?}");
+        // A call near the average is its own estimate.
+        assert_eq!(standing.record(ms(200)), ms(200));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_wait_every_call_meets_for_two_windows_stands() {
+    #[test]
+    fn a_wait_every_call_meets_counts_whole_after_a_few_calls() {
         let standing = StandingWait::default();
-        let mut latest = Duration::ZERO;
-        for _ in 0..10 {
-            tokio::time::advance(ms(5)).await;
-            latest = standing.record(Instant::now(), ms(8));
-        }
-        assert_eq!(latest, ms(8));
-        // A call that waited less is its own bound.
-        assert_eq!(standing.record(Instant::now(), ms(3)), ms(3));
-        // Once the queue drains, the standing wait follows within two windows.
-        for _ in 0..10 {
-            tokio::time::advance(ms(5)).await;
-            latest = standing.record(Instant::now(), ms(2));
-        }
-        assert_eq!(latest, ms(2));
+        let ways_out: Vec<_> = (0..8).map(|_| standing.record(ms(8))).collect();
+        // The first calls of a queue are taken for a stall; from the sixth on, each call's
+        // own wait is its way out.
+        assert!(ways_out[0] < ms(2), "{ways_out:?}");
+        assert_eq!(ways_out[6..], [ms(8), ms(8)]);
     }
 }

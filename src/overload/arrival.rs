@@ -10,8 +10,6 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
 
-use super::turns::{ConnectionCalls, InTurn, Outstanding};
-
 /// Longest wait believed: a larger one means the wall clock stepped between the kernel's
 /// stamp and the read, and says nothing about the call.
 const LONGEST_WAIT: Duration = Duration::from_secs(10);
@@ -90,32 +88,23 @@ pub struct ConnectionLoad {
     latest_call_ms: AtomicU64,
     opened: Instant,
     received: Option<Arc<ReceiveStamp>>,
-    /// Its calls from when it takes them until they are answered, and its turns.
-    outstanding: Arc<ConnectionCalls>,
 }
 
 impl Default for ConnectionLoad {
     fn default() -> ConnectionLoad {
-        ConnectionLoad::receiving(None, Arc::default(), 1)
+        ConnectionLoad::receiving(None)
     }
 }
 
 impl ConnectionLoad {
-    /// The load of a connection, opened now, whose reads keep `received`, among the
-    /// connections whose calls `all` counts; over its share, its calls take `turns` at a
-    /// time (see [`super::turns`]).
-    pub fn receiving(
-        received: Option<Arc<ReceiveStamp>>,
-        all: Arc<Outstanding>,
-        turns: usize,
-    ) -> ConnectionLoad {
+    /// The load of a connection, opened now, whose reads keep `received`.
+    pub fn receiving(received: Option<Arc<ReceiveStamp>>) -> ConnectionLoad {
         ConnectionLoad {
             in_flight: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             latest_call_ms: AtomicU64::new(0),
             opened: Instant::now(),
             received,
-            outstanding: Arc::new(ConnectionCalls::new(all, turns)),
         }
     }
 
@@ -170,7 +159,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = InTurn<S::Future>;
+    type Future = S::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -184,11 +173,7 @@ where
             unread: self.connection.unread(),
             connection: Arc::clone(&self.connection),
         });
-        InTurn::new(
-            self.inner.call(request),
-            Arc::clone(&self.connection.outstanding),
-            now,
-        )
+        self.inner.call(request)
     }
 }
 

@@ -41,12 +41,10 @@ mod admission;
 mod arrival;
 mod deadline;
 mod standing;
-mod turns;
 
 pub use admission::{Admission, DEFAULT_TARGET_LATENCY, MAX_IN_FLIGHT, Permit, QueueWait};
 pub use arrival::{Arrival, ConnectionLoad, ReceiveStamp, Stamped};
 pub use deadline::{Deadline, ROOM_PER_WAIT, parse_grpc_timeout, work_ends_within};
-pub use turns::Outstanding;
 
 /// Why a call was answered without being served (the `reason` of `floodgate_shed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -549,9 +549,7 @@ def rlqs(binary, harness, rules, pins):
                                  f"rlqs-{backend}-{envoys}", pins).result(RLQS_SECONDS + 60)
             for server in servers:
                 server.stop()
-            for proc in list(harness.procs):
-                harness.kill(proc)
-            harness.procs.clear()
+            harness.kill_all()
             rows.append({"target": target, "backend": backend, "envoys": envoys,
                          "offered_per_s": offered, "ratio": summary["admitted_ratio"],
                          "admitted": summary["admitted"], "denied": summary["denied"],
@@ -924,9 +922,7 @@ def main():
                                            50_000 if args.quick else 300_000)
                 log(f"Redis ceiling {backend}: {ceilings[backend]}")
             floodgate.stop()
-            for proc in list(harness.procs):
-                harness.kill(proc)
-            harness.procs.clear()
+            harness.kill_all()
         if args.rlqs:
             rlqs_runs = rlqs(args.binary, harness, rules, pins)
         if args.fairness:

@@ -183,6 +183,12 @@ class Harness:
         except subprocess.TimeoutExpired:
             log(f"pid {proc.pid} did not exit after SIGKILL")
 
+    def kill_all(self):
+        """Kills every process started so far (between phases that each start their own)."""
+        for proc in reversed(self.procs):
+            self.kill(proc)
+        self.procs.clear()
+
     def close(self):
         if self._closed:
             return

@@ -35,7 +35,7 @@ pub struct Admission {
     active_connections: AtomicU64,
     /// Since when (µs after `origin`) the sojourn has been above the target; 0 = it is not.
     above_since_us: AtomicU64,
-    /// How long calls have all been waiting on their way in: the way out takes as long.
+    /// Recent calls' ways in, from which each call's way out is estimated.
     standing: StandingWait,
     origin: Instant,
 }
@@ -88,10 +88,9 @@ impl Admission {
             now.saturating_duration_since(arrival.at)
         });
         // The way in: the wait unread and the sojourn, the wait unread taken to be about the
-        // sojourn where the kernel does not say. The way out takes as long as the way in
-        // that every recent call met (a passing stall is over by then).
-        // The deadline counts from the receive stamp, so a wait unread that the kernel did not
-        // stamp is still to be taken from it.
+        // sojourn where the kernel does not say (the deadline counts from the receive stamp,
+        // so such a wait is still to be taken from it). The way out is the standing wait's
+        // estimate: as long as the way in, unless that was a passing stall.
         let (way_in, uncounted) = match arrival.map(|arrival| arrival.unread) {
             None => (Duration::ZERO, Duration::ZERO),
             Some(Some(unread)) => (sojourn + unread, Duration::ZERO),

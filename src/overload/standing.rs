@@ -1,5 +1,5 @@
-//! The standing wait: how long recent calls waited on their way in, on average, which is how
-//! long the way out takes too.
+//! The standing wait: how long a call's answer is taken to need on its way out, from its own
+//! way in and the average of recent calls'.
 //!
 //! One call's wait says little about the next: a passing stall (a rules reload, a metrics
 //! scrape, a page fault) stretches a few calls' waits and is gone by the time they are

@@ -10,6 +10,9 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
 
+use super::parse_grpc_timeout;
+use super::turns::{ConnectionCalls, InTurn, Outstanding, parks_until};
+
 /// Longest wait believed: a larger one means the wall clock stepped between the kernel's
 /// stamp and the read, and says nothing about the call.
 const LONGEST_WAIT: Duration = Duration::from_secs(10);
@@ -88,23 +91,32 @@ pub struct ConnectionLoad {
     latest_call_ms: AtomicU64,
     opened: Instant,
     received: Option<Arc<ReceiveStamp>>,
+    /// Its calls from when it takes them until they are answered, and its turns.
+    outstanding: Arc<ConnectionCalls>,
 }
 
 impl Default for ConnectionLoad {
     fn default() -> ConnectionLoad {
-        ConnectionLoad::receiving(None)
+        ConnectionLoad::receiving(None, Arc::default(), 1)
     }
 }
 
 impl ConnectionLoad {
-    /// The load of a connection, opened now, whose reads keep `received`.
-    pub fn receiving(received: Option<Arc<ReceiveStamp>>) -> ConnectionLoad {
+    /// The load of a connection, opened now, whose reads keep `received`, among the
+    /// connections whose calls `all` counts; over its share, its calls take `turns` at a
+    /// time (see [`super::turns`]).
+    pub fn receiving(
+        received: Option<Arc<ReceiveStamp>>,
+        all: Arc<Outstanding>,
+        turns: usize,
+    ) -> ConnectionLoad {
         ConnectionLoad {
             in_flight: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             latest_call_ms: AtomicU64::new(0),
             opened: Instant::now(),
             received,
+            outstanding: Arc::new(ConnectionCalls::new(all, turns)),
         }
     }
 
@@ -159,7 +171,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = InTurn<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -168,12 +180,24 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let now = Instant::now();
         self.connection.called(now);
-        request.extensions_mut().insert(Arrival {
+        let arrival = Arrival {
             at: now,
             unread: self.connection.unread(),
             connection: Arc::clone(&self.connection),
-        });
-        self.inner.call(request)
+        };
+        let timeout = request
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_grpc_timeout);
+        let parks_until = parks_until(arrival.received(), timeout);
+        request.extensions_mut().insert(arrival);
+        InTurn::new(
+            self.inner.call(request),
+            Arc::clone(&self.connection.outstanding),
+            now,
+            parks_until,
+        )
     }
 }
 

@@ -173,7 +173,14 @@ fn limiter(c: &mut Criterion) {
                 ],
             };
             let limiter = &limiter;
-            async move { black_box(limiter.should_rate_limit(&request, None).await.is_ok()) }
+            async move {
+                black_box(
+                    limiter
+                        .should_rate_limit(&request, None, None)
+                        .await
+                        .is_ok(),
+                )
+            }
         })
     });
     group.bench_function("one_descriptor", |b| {
@@ -184,7 +191,14 @@ fn limiter(c: &mut Criterion) {
                 descriptors: vec![descriptor(&[("tenant", "t3"), ("user", &user)])],
             };
             let limiter = &limiter;
-            async move { black_box(limiter.should_rate_limit(&request, None).await.is_ok()) }
+            async move {
+                black_box(
+                    limiter
+                        .should_rate_limit(&request, None, None)
+                        .await
+                        .is_ok(),
+                )
+            }
         })
     });
     group.finish();

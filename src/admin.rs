@@ -76,7 +76,7 @@ async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
             return bad_request(format!("invalid RateLimitRequest JSON: {error}"));
         }
     };
-    match state.service.decide(&request, None).await {
+    match state.service.decide(&request, None, None).await {
         Ok(response) => {
             let status = if response.overall_code == ProtoCode::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

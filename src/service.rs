@@ -26,7 +26,7 @@ use crate::limiter::{
 };
 use crate::metrics::Metrics;
 use crate::otel;
-use crate::overload::{Admission, Arrival, Deadline, ShedReason};
+use crate::overload::{Admission, Arrival, ConnectionId, Deadline, ShedReason};
 use crate::proto::core::HeaderValue;
 use crate::proto::rls::rate_limit_response::{
     Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
@@ -134,20 +134,21 @@ impl RlsService {
         metadata: &MetadataMap,
         request: &RateLimitRequest,
         deadline: Option<Deadline>,
+        connection: Option<ConnectionId>,
     ) -> Result<RateLimitResponse, DecideError> {
         use tracing::Instrument;
         let headers = MetadataExtractor(metadata);
         let span =
             otel::should_rate_limit_span(&headers, &request.domain, request.descriptors.len());
         let result = self
-            .decide(request, deadline)
+            .decide(request, deadline, connection)
             .instrument(span.clone())
             .await;
         otel::record_code(&span, decision_code(&result));
         result
     }
 
-    /// Validates, decides and encodes one request.
+    /// Validates, decides and encodes one request, which came on `connection` where known.
     ///
     /// # Errors
     /// `Invalid` for bad input, `Unavailable` for a backend failure under `--failure-mode error`.
@@ -155,6 +156,7 @@ impl RlsService {
         &self,
         request: &RateLimitRequest,
         deadline: Option<Deadline>,
+        connection: Option<ConnectionId>,
     ) -> Result<RateLimitResponse, DecideError> {
         let metrics = self.limiter.metrics();
         #[allow(
@@ -173,7 +175,10 @@ impl RlsService {
             let parsed = to_request(request).inspect_err(|_| {
                 metrics.invalid_requests.inc();
             })?;
-            let decided = self.limiter.should_rate_limit(&parsed, deadline).await?;
+            let decided = self
+                .limiter
+                .should_rate_limit(&parsed, deadline, connection)
+                .await?;
             let mut response = to_proto_response(&decided, self.header_mode);
             if self.dynamic_metadata {
                 response.dynamic_metadata = Some(dynamic_metadata::build(request, &decided));
@@ -222,11 +227,12 @@ impl RateLimitService for RlsService {
             }
             _ => None,
         };
+        let connection = arrival.map(|arrival| arrival.connection.id());
         let response = if self.traced {
-            self.decide_traced(request.metadata(), request.get_ref(), deadline)
+            self.decide_traced(request.metadata(), request.get_ref(), deadline, connection)
                 .await?
         } else {
-            self.decide(request.get_ref(), deadline).await?
+            self.decide(request.get_ref(), deadline, connection).await?
         };
         if deadline.is_some_and(|deadline| deadline.passed(Instant::now())) {
             // The caller has given up: no answer is encoded for it.

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions, SentinelSettings};
 
-use crate::overload::Deadline;
+use crate::overload::{ConnectionId, Deadline};
 use crate::redact::{self, Scrub};
 use crate::rules::Policy;
 
@@ -259,6 +259,9 @@ pub struct Group {
     /// The caller's deadline: the backend's work ends by then, and a backend that queues may
     /// refuse at once a group it cannot decide in time (`BackendError::Overloaded`).
     pub deadline: Option<Deadline>,
+    /// The connection the request came on, where known: a backend's queue serves the
+    /// connections that queued in turn.
+    pub connection: Option<ConnectionId>,
 }
 
 impl Group {

@@ -133,6 +133,7 @@ async fn decide_split(
         admit: true,
         keep_on_failure: group.keep_on_failure,
         deadline: group.deadline,
+        connection: group.connection,
     };
     let mut fast_outcomes = per_second.decide(&first).await.map_err(from_per_second)?;
     let mut prior = group.prior;
@@ -145,6 +146,7 @@ async fn decide_split(
         admit: group.admit,
         keep_on_failure: group.keep_on_failure,
         deadline: group.deadline,
+        connection: group.connection,
     };
     let (rest_outcomes, undo_fast) = match main.decide(&second).await {
         Ok(outcomes) => {

@@ -25,7 +25,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::matcher::{Matched, Matcher};
 use crate::metrics::{Metrics, RuleCounters};
 use crate::otel;
-use crate::overload::{self, Deadline, ShedReason};
+use crate::overload::{self, ConnectionId, Deadline, ShedReason};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
@@ -388,7 +388,7 @@ impl Limiter {
     }
 
     /// Decides a validated request. `deadline` is the caller's; backend work never outlives
-    /// it nor `backend_timeout`.
+    /// it nor `backend_timeout`. `connection` is the one it came on, where known.
     ///
     /// All-or-nothing: the backend decides the request's charges as one group, and when the
     /// request ends over limit none of its `reject` bookings stand (docs/requests.md).
@@ -399,6 +399,7 @@ impl Limiter {
         &self,
         request: &Request,
         deadline: Option<Deadline>,
+        connection: Option<ConnectionId>,
     ) -> Result<Response, LimitError> {
         let work_ends =
             overload::work_ends_within(deadline, Instant::now(), self.options.backend_timeout);
@@ -433,6 +434,7 @@ impl Limiter {
                 admit: self.options.shadow_mode,
                 keep_on_failure: self.options.failure_mode == FailureMode::Allow,
                 deadline,
+                connection,
             };
             let asked_at = Instant::now();
             match self.backend_call(work_ends, &group).await {

@@ -79,12 +79,26 @@ impl Arrival {
     }
 }
 
+/// Names one connection for as long as the process runs, so that a backend's queue can serve
+/// connections in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionId(u64);
+
+impl ConnectionId {
+    /// A name no other connection of this process has had.
+    fn next() -> ConnectionId {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        ConnectionId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// What one connection carries: descriptors in flight (for the fair share), how many calls
 /// it has sent and when its latest arrived (for the listener, which at its connection cap
 /// closes one that never sent a call, or the one idle longest); and how long what it reads
 /// waited unread, where the kernel says.
 #[derive(Debug)]
 pub struct ConnectionLoad {
+    id: ConnectionId,
     pub(super) in_flight: AtomicU64,
     calls: AtomicU64,
     /// When the latest call arrived, in ms after `opened`.
@@ -111,6 +125,7 @@ impl ConnectionLoad {
         turns: usize,
     ) -> ConnectionLoad {
         ConnectionLoad {
+            id: ConnectionId::next(),
             in_flight: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             latest_call_ms: AtomicU64::new(0),
@@ -118,6 +133,11 @@ impl ConnectionLoad {
             received,
             outstanding: Arc::new(ConnectionCalls::new(all, turns)),
         }
+    }
+
+    /// The connection's name.
+    pub fn id(&self) -> ConnectionId {
+        self.id
     }
 
     /// Counts a call that arrives at `at`.

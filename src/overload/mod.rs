@@ -48,7 +48,7 @@ mod standing;
 mod turns;
 
 pub use admission::{Admission, DEFAULT_TARGET_LATENCY, MAX_IN_FLIGHT, Permit, QueueWait};
-pub use arrival::{Arrival, ConnectionLoad, ReceiveStamp, Stamped};
+pub use arrival::{Arrival, ConnectionId, ConnectionLoad, ReceiveStamp, Stamped};
 pub use deadline::{Deadline, ROOM_PER_WAIT, parse_grpc_timeout, work_ends_within};
 pub use turns::Outstanding;
 

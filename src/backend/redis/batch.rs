@@ -5,6 +5,8 @@
 //! requests, so Redis parses one command and floodgate makes one round trip for all of
 //! them. No timer ever holds a request back.
 //!
+//! The queue serves the connections that queued in turn (`fair`), not in arrival order.
+//!
 //! Under overload the queue is where a request waits, so `Backlog` estimates that wait from
 //! the items queued and the drain rate of recent full calls, and a request whose deadline is
 //! nearer than `ROOM_PER_WAIT` times that wait is refused before it queues
@@ -24,8 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::calls::GroupWords;
+use super::fair::FairQueue;
 use crate::backend::{BackendError, Outcome};
-use crate::overload::Deadline;
+use crate::overload::{ConnectionId, Deadline};
 
 /// Where a lane's calls go: runs one batch call deciding every one of `groups`, in order,
 /// until `deadline`, and returns every item's outcome (`None` for the items of a group that
@@ -63,7 +66,7 @@ impl Lane {
         self.backlog.wait(items)
     }
 
-    /// Queues `group` (one request's) for the next batch call, to be sent before
+    /// Queues `group` (one request's, from `connection`) for a batch call, to be sent before
     /// `deadline` (the backend's bound, `Group::work_ends_within`), unless the queue could not
     /// send it with room before `caller`, the caller's own deadline (`Overloaded`, nothing
     /// booked). The room covers the caller's whole wait, so it is not asked of the backend's
@@ -75,6 +78,7 @@ impl Lane {
         group: GroupWords,
         deadline: Instant,
         caller: Option<Deadline>,
+        connection: Option<ConnectionId>,
     ) -> Reply {
         if caller.is_some_and(|caller| !self.backlog.in_time(group.len(), caller)) {
             return Err(BackendError::Overloaded);
@@ -88,6 +92,7 @@ impl Lane {
             .send(Job {
                 group,
                 deadline,
+                connection,
                 reply,
             })
             .is_err()
@@ -249,6 +254,8 @@ struct Job {
     group: GroupWords,
     /// When its caller stops waiting.
     deadline: Instant,
+    /// The connection it came on.
+    connection: Option<ConnectionId>,
     /// Where its outcomes go.
     reply: oneshot::Sender<Reply>,
 }
@@ -264,33 +271,38 @@ async fn run(
     mut jobs: mpsc::UnboundedReceiver<Job>,
 ) {
     let mut in_flight = FuturesUnordered::new();
-    let mut held = None;
+    let mut queued = FairQueue::default();
     loop {
         if in_flight.len() >= backlog.calls_in_flight {
             in_flight.next().await;
             continue;
         }
-        let first = match held.take() {
-            Some(job) => job,
-            None => tokio::select! {
+        if queued.is_empty() {
+            tokio::select! {
                 // A call that ends frees its slot; an empty set disables this branch.
                 Some(()) = in_flight.next() => continue,
                 job = jobs.recv() => match job {
-                    Some(job) => job,
+                    Some(job) => queued.push(job.connection, job),
                     None => break,
                 },
-            },
+            }
+        }
+        // Every job that arrived meanwhile takes its place in the turns.
+        while let Ok(job) = jobs.try_recv() {
+            queued.push(job.connection, job);
+        }
+        let Some(first) = queued.pop() else {
+            continue;
         };
         let (mut items, mut work) = (first.group.len(), first.group.work());
         let mut batch = vec![first];
-        while let Ok(job) = jobs.try_recv() {
+        while let Some(job) = queued.peek() {
             if items + job.group.len() > MAX_ITEMS || work + job.group.work() > MAX_WORK {
-                held = Some(job);
                 break;
             }
             items += job.group.len();
             work += job.group.work();
-            batch.push(job);
+            batch.extend(queued.pop());
         }
         backlog.taken(items);
         in_flight.push(send(&*node, &backlog, batch));

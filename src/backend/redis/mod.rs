@@ -15,6 +15,7 @@ mod batch;
 pub mod calls;
 pub mod cluster;
 mod errors;
+mod fair;
 pub mod scripts;
 pub mod sentinel;
 pub mod single;

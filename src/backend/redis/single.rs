@@ -522,10 +522,10 @@ impl Backend for RedisBackend {
             return Ok(Vec::new());
         }
         let deadline = group.work_ends_within(self.node.options.timeout);
-        let caller = group.deadline;
+        let (caller, connection) = (group.deadline, group.connection);
         let group = GroupWords::new(group);
         self.lane
-            .decide(group, deadline, caller)
+            .decide(group, deadline, caller, connection)
             .await?
             .ok_or_else(|| {
                 BackendError::failed(

@@ -52,7 +52,12 @@ impl Cluster {
             Plan::OneMaster(topology, master) => {
                 let lane = &topology.lanes[master].lane;
                 match lane
-                    .decide(GroupWords::new(group), deadline, group.deadline)
+                    .decide(
+                        GroupWords::new(group),
+                        deadline,
+                        group.deadline,
+                        group.connection,
+                    )
                     .await
                 {
                     Ok(Some(outcomes)) => return Ok(outcomes),
@@ -189,7 +194,7 @@ impl Cluster {
             let words = GroupWords::independent(indexes.iter().map(|&i| &group.items[i]));
             topology.lanes[*node]
                 .lane
-                .decide(words, deadline, group.deadline)
+                .decide(words, deadline, group.deadline, group.connection)
         }))
         .await;
         let mut results: Vec<Option<Result<Outcome, BackendError>>> = vec![None; owners.len()];

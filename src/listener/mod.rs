@@ -31,7 +31,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::overload::{ConnectionLoad, Outstanding, ReceiveStamp, Stamped};
+use crate::overload::{ConnectionLoad, ReceiveStamp, Stamped};
 use crate::tls::ReloadingAcceptor;
 use resets::ResetWatch;
 
@@ -167,7 +167,7 @@ pub async fn serve<L: Listen>(
     let mut stopping = stop.clone();
     let limits = Arc::new(limits);
     let mut connections = JoinSet::new();
-    let registry = Arc::new(Registry::new());
+    let registry = Arc::new(Registry::default());
     let mut refusing = false;
     loop {
         tokio::select! {
@@ -237,13 +237,10 @@ pub async fn serve<L: Listen>(
 
 /// The open connections, so that at the cap one that never sent a call, or else the one idle
 /// longest, can make room.
+#[derive(Default)]
 struct Registry {
     next_id: AtomicU64,
     entries: parking_lot::Mutex<HashMap<u64, Entry>>,
-    /// The calls of every connection, for their turns (`overload::turns`).
-    outstanding: Arc<Outstanding>,
-    /// Turns of a connection over its share: one per runtime worker.
-    turns: usize,
 }
 
 /// One open connection: its load, and how the registry tells it to close.
@@ -262,22 +259,9 @@ struct Registration {
 }
 
 impl Registry {
-    fn new() -> Registry {
-        Registry {
-            next_id: AtomicU64::new(0),
-            entries: parking_lot::Mutex::default(),
-            outstanding: Arc::default(),
-            turns: tokio::runtime::Handle::current().metrics().num_workers(),
-        }
-    }
-
     fn register(self: &Arc<Registry>, received: Option<Arc<ReceiveStamp>>) -> Registration {
         let entry = Entry {
-            load: Arc::new(ConnectionLoad::receiving(
-                received,
-                Arc::clone(&self.outstanding),
-                self.turns,
-            )),
+            load: Arc::new(ConnectionLoad::receiving(received)),
             evict: Arc::default(),
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -10,9 +10,6 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tonic::codegen::{Service, http};
 
-use super::parse_grpc_timeout;
-use super::turns::{ConnectionCalls, InTurn, Outstanding, parks_until};
-
 /// Longest wait believed: a larger one means the wall clock stepped between the kernel's
 /// stamp and the read, and says nothing about the call.
 const LONGEST_WAIT: Duration = Duration::from_secs(10);
@@ -105,25 +102,17 @@ pub struct ConnectionLoad {
     latest_call_ms: AtomicU64,
     opened: Instant,
     received: Option<Arc<ReceiveStamp>>,
-    /// Its calls from when it takes them until they are answered, and its turns.
-    outstanding: Arc<ConnectionCalls>,
 }
 
 impl Default for ConnectionLoad {
     fn default() -> ConnectionLoad {
-        ConnectionLoad::receiving(None, Arc::default(), 1)
+        ConnectionLoad::receiving(None)
     }
 }
 
 impl ConnectionLoad {
-    /// The load of a connection, opened now, whose reads keep `received`, among the
-    /// connections whose calls `all` counts; over its share, its calls take `turns` at a
-    /// time (see [`super::turns`]).
-    pub fn receiving(
-        received: Option<Arc<ReceiveStamp>>,
-        all: Arc<Outstanding>,
-        turns: usize,
-    ) -> ConnectionLoad {
+    /// The load of a connection, opened now, whose reads keep `received`.
+    pub fn receiving(received: Option<Arc<ReceiveStamp>>) -> ConnectionLoad {
         ConnectionLoad {
             id: ConnectionId::next(),
             in_flight: AtomicU64::new(0),
@@ -131,7 +120,6 @@ impl ConnectionLoad {
             latest_call_ms: AtomicU64::new(0),
             opened: Instant::now(),
             received,
-            outstanding: Arc::new(ConnectionCalls::new(all, turns)),
         }
     }
 
@@ -191,7 +179,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = InTurn<S::Future>;
+    type Future = S::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -200,24 +188,12 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let now = Instant::now();
         self.connection.called(now);
-        let arrival = Arrival {
+        request.extensions_mut().insert(Arrival {
             at: now,
             unread: self.connection.unread(),
             connection: Arc::clone(&self.connection),
-        };
-        let timeout = request
-            .headers()
-            .get("grpc-timeout")
-            .and_then(|value| value.to_str().ok())
-            .and_then(parse_grpc_timeout);
-        let parks_until = parks_until(arrival.received(), timeout);
-        request.extensions_mut().insert(arrival);
-        InTurn::new(
-            self.inner.call(request),
-            Arc::clone(&self.connection.outstanding),
-            now,
-            parks_until,
-        )
+        });
+        self.inner.call(request)
     }
 }
 

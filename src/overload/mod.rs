@@ -22,10 +22,6 @@
 //!    to twice the cap in all: one caller sending 64-descriptor requests cannot take the
 //!    service from the others, and memory held by calls in flight stays bounded.
 //!
-//! Before any of them, a connection holding far more calls than the others takes turns
-//! (`turns`): its calls run a few at a time, each parked for a quarter of its deadline at
-//! most, so that other callers do not wait behind its whole queue.
-//!
 //! Where the wait is a backend's queue rather than the CPU (the Redis batcher), the backend
 //! refuses at once a request its queue cannot serve in time (`BackendError::Overloaded`),
 //! by the same rule ([`Deadline::leaves_room`]).
@@ -45,12 +41,10 @@ mod admission;
 mod arrival;
 mod deadline;
 mod standing;
-mod turns;
 
 pub use admission::{Admission, DEFAULT_TARGET_LATENCY, MAX_IN_FLIGHT, Permit, QueueWait};
 pub use arrival::{Arrival, ConnectionId, ConnectionLoad, ReceiveStamp, Stamped};
 pub use deadline::{Deadline, ROOM_PER_WAIT, parse_grpc_timeout, work_ends_within};
-pub use turns::Outstanding;
 
 /// Why a call was answered without being served (the `reason` of `floodgate_shed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -84,6 +84,7 @@ FAIRNESS_LIGHT = ["--rate", "200/s", "--concurrency", "64", "--connections", "1"
 FAIRNESS_HEAVY = ["--concurrency", "512", "--connections", "1", "--descriptors", "64",
                   "--keys", "10000", "--timeout", "1s"]
 FAIRNESS_HEAVY_LEAD_S = 2
+FAIRNESS_BACKENDS = ("memory", "redis")
 # With `--overload-cpu-share`, floodgate's CPU in the overload runs is capped as a Kubernetes
 # CPU limit (a CFS quota) would cap it, in periods short enough that throttling adds as
 # little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods against
@@ -589,12 +590,28 @@ def rlqs_table(rlqs_runs):
 
 
 def fairness(binary, harness, rules, seconds, pins):
-    """A light caller's latency alone and beside a heavy caller (issue 33: turns for a
-    connection over its share): the memory backend on the first CPU, both callers on the
-    other(s)."""
-    floodgate = Floodgate(harness, binary, rules, "memory", prefix=pinned(pins and pins[0], []))
-    generate = pins and pins[1]
+    """A light caller's latency alone and beside a heavy caller on another connection
+    (issue 33), on each of FAIRNESS_BACKENDS: floodgate on the first CPU, Redis and both
+    callers on the other(s)."""
+    rows = []
+    for backend in FAIRNESS_BACKENDS:
+        urls = []
+        if backend == "redis":
+            node = RedisNode(harness)
+            pin_redis([node], pins and pins[1])
+            urls = [node.url]
+        floodgate = Floodgate(harness, binary, rules, backend, urls,
+                              prefix=pinned(pins and pins[0], []))
+        rows.append(fairness_row(binary, harness, floodgate, seconds, pins and pins[1]))
+        rows[-1]["backend"] = backend
+        floodgate.stop()
+        harness.kill_all()
+        log(f"fairness: {json.dumps(rows[-1])}")
+    return rows
 
+
+def fairness_row(binary, harness, floodgate, seconds, generate):
+    """The light caller alone, then beside the heavy caller (under `nice`), on `floodgate`."""
     def light(name):
         return run_bench(harness, binary, floodgate.target, FAIRNESS_LIGHT, seconds, name=name,
                          prefix=pinned(generate, []))
@@ -606,22 +623,26 @@ def fairness(binary, harness, rules, seconds, pins):
     time.sleep(FAIRNESS_HEAVY_LEAD_S)
     beside = light("fairness-light-beside")
     heavy_summary = heavy.result(seconds + 60)
-    floodgate.stop()
-    row = {"light_alone_us": {q: alone["latency_us"][q] for q in ("p50", "p90", "p99")},
-           "light_beside_us": {q: beside["latency_us"][q] for q in ("p50", "p90", "p99")},
-           "heavy_calls_per_s": heavy_summary["requests_per_s"],
-           "heavy_p99_us": heavy_summary["latency_us"]["p99"]}
-    log(f"fairness: {json.dumps(row)}")
-    return row
+    return {"light_alone_us": {q: alone["latency_us"][q] for q in ("p50", "p90", "p99")},
+            "light_beside_us": {q: beside["latency_us"][q] for q in ("p50", "p90", "p99")},
+            "light_beside_errors": beside["errors"],
+            "heavy_calls_per_s": heavy_summary["requests_per_s"],
+            "heavy_p99_us": heavy_summary["latency_us"]["p99"]}
 
 
-def fairness_table(row):
-    out = ["| light caller | p50 ms | p90 ms | p99 ms |", "|---|---:|---:|---:|"]
-    for label, key in (("alone", "light_alone_us"), ("beside the heavy caller",
-                                                       "light_beside_us")):
-        q = row[key]
-        out.append(f"| {label} | {q['p50'] / 1000:.1f} | {q['p90'] / 1000:.1f} "
-                   f"| {q['p99'] / 1000:.1f} |")
+def fairness_table(rows):
+    out = ["| backend | light caller | p50 ms | p90 ms | p99 ms | light errors "
+           "| heavy calls/s | heavy p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        for label, key in (("alone", "light_alone_us"), ("beside the heavy caller",
+                                                           "light_beside_us")):
+            q = row[key]
+            beside = key == "light_beside_us"
+            heavy = (f"{row['heavy_calls_per_s']:,.0f} | {row['heavy_p99_us'] / 1000:.1f}"
+                     if beside else "- | -")
+            errors = row["light_beside_errors"] if beside else "-"
+            out.append(f"| {row['backend']} | {label} | {q['p50'] / 1000:.1f} "
+                       f"| {q['p90'] / 1000:.1f} | {q['p99'] / 1000:.1f} | {errors} | {heavy} |")
     return "\n".join(out)
 
 
@@ -818,12 +839,11 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
                   "memory per open stream.", ""]
     if fair:
         lines += ["## Fairness between callers", "",
-                  "The memory backend on one CPU. A light caller (1 descriptor, 200 calls/s, one "
-                  "connection) alone, then beside a heavy caller keeping "
-                  f"{FAIRNESS_HEAVY[1]} calls of {FAIRNESS_HEAVY[5]} descriptors in flight on "
-                  "one connection (under `nice` on the generator CPU). The heavy caller made "
-                  f"{fair['heavy_calls_per_s']:,.0f} calls/s (p99 "
-                  f"{fair['heavy_p99_us'] / 1000:.1f} ms).", "", fairness_table(fair), ""]
+                  "floodgate on one CPU (Redis, on the other, for the redis rows). A light caller "
+                  "(1 descriptor, 200 calls/s, one connection) alone, then beside a heavy caller "
+                  f"keeping {FAIRNESS_HEAVY[1]} calls of {FAIRNESS_HEAVY[5]} descriptors in "
+                  "flight on one connection (under `nice` on the generator CPU), both with 1 s "
+                  "deadlines.", "", fairness_table(fair), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 

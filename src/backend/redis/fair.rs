@@ -1,8 +1,8 @@
 //! The batcher's queue, served in turn over the connections that queued (round robin), so
 //! that a caller keeping thousands of items queued on one connection does not make a
 //! request of another connection wait behind all of them: that request goes in the next
-//! call. In arrival order, a 1-descriptor caller's p50 was 50-55 ms beside a 64-descriptor
-//! caller keeping 512 requests in flight on one Redis.
+//! call. Beside a 64-descriptor caller keeping 512 requests in flight on one Redis, a
+//! 1-descriptor caller's p50 went from 55-59 ms in arrival order to 4.2-4.6 ms.
 
 use std::collections::{HashMap, VecDeque};
 

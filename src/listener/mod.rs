@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -31,7 +30,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::overload::{ConnectionLoad, ReceiveStamp, Stamped};
+use crate::overload::{ConnectionId, ConnectionLoad, ReceiveStamp, Stamped};
 use crate::tls::ReloadingAcceptor;
 use resets::ResetWatch;
 
@@ -239,8 +238,7 @@ pub async fn serve<L: Listen>(
 /// longest, can make room.
 #[derive(Default)]
 struct Registry {
-    next_id: AtomicU64,
-    entries: parking_lot::Mutex<HashMap<u64, Entry>>,
+    entries: parking_lot::Mutex<HashMap<ConnectionId, Entry>>,
 }
 
 /// One open connection: its load, and how the registry tells it to close.
@@ -254,7 +252,7 @@ struct Entry {
 /// ends, which removes it.
 struct Registration {
     registry: Arc<Registry>,
-    id: u64,
+    id: ConnectionId,
     entry: Entry,
 }
 
@@ -264,7 +262,7 @@ impl Registry {
             load: Arc::new(ConnectionLoad::receiving(received)),
             evict: Arc::default(),
         };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = entry.load.id();
         self.entries.lock().insert(id, entry.clone());
         Registration {
             registry: Arc::clone(self),

@@ -76,9 +76,10 @@ impl Arrival {
     }
 }
 
-/// Names one connection for as long as the process runs, so that a backend's queue can serve
-/// connections in turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Names one connection for as long as the process runs: the listener's registry keys its
+/// connections by it (a later connection has a greater one), and a backend's queue serves
+/// connections in turn by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnectionId(u64);
 
 impl ConnectionId {

@@ -85,7 +85,7 @@ impl Quota {
         }
     }
 
-    /// The next action for `id`, skipping answers about other buckets (at most 50).
+    /// The next action for `id`, passing over answers about other buckets (at most 50).
     async fn action_for(&mut self, id: &[(&str, &str)]) -> BucketAction {
         let id = bucket_id(id);
         for _ in 0..50 {

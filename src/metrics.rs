@@ -172,12 +172,22 @@ pub struct RlqsMetrics {
     pub reports: Counter,
     /// Assignments sent, by strategy (`allow_all`, `deny_all`, `token_bucket`).
     pub assignments: Family<KindLabels, Counter>,
-    /// Buckets abandoned for want of reports.
+    /// Buckets abandoned for want of demand or of reports.
     pub abandons: Counter,
+    /// Buckets of reports left unanswered, by reason (one of [`RLQS_SKIP_REASONS`]).
+    pub skipped: Family<ReasonLabels, Counter>,
+    /// Streams ended by the server, by reason (one of [`RLQS_STREAM_END_REASONS`]).
+    pub stream_ends: Family<ReasonLabels, Counter>,
 }
 
 /// The strategies `RlqsMetrics::assignments` counts, created up front so dashboards show 0.
 pub const RLQS_STRATEGIES: [&str; 3] = ["allow_all", "deny_all", "token_bucket"];
+/// Why a reported bucket is skipped: a malformed id or `time_elapsed`, or a bound on the
+/// buckets held.
+pub const RLQS_SKIP_REASONS: [&str; 4] = ["empty_id", "bad_id", "bad_time_elapsed", "bucket_limit"];
+/// Why the server ends a stream: a message it cannot decode, a bad domain, a client that
+/// does not read its answers.
+pub const RLQS_STREAM_END_REASONS: [&str; 3] = ["undecodable", "bad_domain", "not_reading"];
 
 impl RlqsMetrics {
     /// Counts one assignment sent with `strategy` (one of [`RLQS_STRATEGIES`]).
@@ -189,11 +199,29 @@ impl RlqsMetrics {
             .inc();
     }
 
+    /// Counts one reported bucket skipped for `reason` (one of [`RLQS_SKIP_REASONS`]).
+    pub fn skipped(&self, reason: &'static str) {
+        self.skipped.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts one stream ended for `reason` (one of [`RLQS_STREAM_END_REASONS`]).
+    pub fn stream_ended(&self, reason: &'static str) {
+        self.stream_ends
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
     fn register(&self, registry: &mut Registry) {
         for strategy in RLQS_STRATEGIES {
             let _ = self.assignments.get_or_create(&KindLabels {
                 kind: strategy.to_owned(),
             });
+        }
+        for reason in RLQS_SKIP_REASONS {
+            let _ = self.skipped.get_or_create(&ReasonLabels { reason });
+        }
+        for reason in RLQS_STREAM_END_REASONS {
+            let _ = self.stream_ends.get_or_create(&ReasonLabels { reason });
         }
         let rlqs = registry.sub_registry_with_prefix("rlqs");
         rlqs.register("streams", "Open RLQS streams", self.streams.clone());
@@ -214,8 +242,18 @@ impl RlqsMetrics {
         );
         rlqs.register(
             "abandons",
-            "RLQS buckets abandoned after no report for --rlqs-abandon-after",
+            "RLQS buckets abandoned after no demand for --rlqs-abandon-after",
             self.abandons.clone(),
+        );
+        rlqs.register(
+            "skipped_buckets",
+            "RLQS reported buckets left unanswered, by reason",
+            self.skipped.clone(),
+        );
+        rlqs.register(
+            "stream_ends",
+            "RLQS streams ended by the server, by reason",
+            self.stream_ends.clone(),
         );
     }
 }

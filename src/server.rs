@@ -302,7 +302,11 @@ impl Server {
         .add_service(
             RateLimitServiceServer::new(service.clone()).max_decoding_message_size(max_message),
         )
-        .add_service(RateLimitQuotaServiceServer::new(quota).max_decoding_message_size(max_message))
+        .add_service(
+            // Envoy puts every bucket it holds in one report.
+            RateLimitQuotaServiceServer::new(quota)
+                .max_decoding_message_size(max_message.max(crate::rlqs::MAX_REPORT_BYTES)),
+        )
         .prepare();
         let tls_watch = self
             .tls

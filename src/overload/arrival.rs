@@ -137,6 +137,15 @@ impl ConnectionLoad {
             .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// Marks the connection as in use at `at` without a new call: a quota stream's report,
+    /// so that at the connection cap a connection whose stream reports is not taken for an
+    /// idle one.
+    pub fn active(&self, at: Instant) {
+        let ms = at.saturating_duration_since(self.opened).as_millis();
+        self.latest_call_ms
+            .fetch_max(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
     /// When the latest call arrived; None before the first.
     pub fn latest_call(&self) -> Option<Instant> {
         (self.calls() > 0).then(|| {

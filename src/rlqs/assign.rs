@@ -7,6 +7,11 @@
 //! assignment full, so the size is what one change can admit at once. The rates of all
 //! streams add up to `(1 - BURST_FRACTION)` of the limit, leaving the bursts room. A spent
 //! budget is `DENY_ALL` until it refills.
+//!
+//! Every duration is whole seconds, as Envoy reads them
+//! (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` and
+//! `filter_persistence.cc` read only `.seconds()`): a TTL under 1 s would expire at once,
+//! and a `fill_interval` under 1 s divides the fill by zero, an infinite rate.
 
 use std::time::Duration;
 
@@ -19,8 +24,14 @@ pub const LOWER_BY: f64 = 0.10;
 /// ...or at most this much higher. A wider upward band let two streams whose shares had
 /// dipped together settle below them for good: at 1.25 times under, 0.72 of the limit.
 pub const HIGHER_BY: f64 = 0.10;
-/// An assignment lives this many reporting intervals unless refreshed.
-pub const TTL_INTERVALS: u32 = 2;
+/// An assignment lives this many reporting intervals unless refreshed, so one lost or late
+/// report never lets it expire.
+pub const TTL_INTERVALS: u32 = 3;
+/// Tokens one fill should carry at least, so that rounding `tokens_per_fill` to an integer
+/// moves the rate by at most 0.5%: the fill interval (whole seconds) grows for slow rates.
+const TOKENS_PER_FILL: f64 = 100.0;
+/// Longest fill interval: one token an hour is the slowest rate assigned.
+const MAX_FILL_SECONDS: f64 = 3600.0;
 
 /// What a client does with a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +41,7 @@ pub enum Strategy {
     /// Deny everything.
     DenyAll,
     /// Envoy's token bucket: starts with `max_tokens`, gains `tokens_per_fill` every
-    /// `fill_interval`.
+    /// `fill_interval` (whole seconds, at least 1), continuously.
     TokenBucket {
         /// Capacity, and the tokens a new bucket starts with.
         max_tokens: u32,
@@ -84,14 +95,27 @@ pub struct Budget {
     pub reset: Duration,
 }
 
+/// A duration as Envoy reads it: whole seconds, at least 1, rounded up.
+pub fn whole_seconds(duration: Duration) -> Duration {
+    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    Duration::from_secs(seconds.max(1))
+}
+
+/// The TTL of an assignment for a client reporting every `interval`.
+pub fn ttl(interval: Duration) -> Duration {
+    whole_seconds(interval * TTL_INTERVALS)
+}
+
 /// Sizes a stream's assignment: `share` (0..=1) of `budget` under `policy`, for a client
 /// reporting every `interval`.
 pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> Assignment {
-    let ttl = interval * TTL_INTERVALS;
+    let ttl = ttl(interval);
     if !budget.open || policy.requests_per_unit == 0 {
+        // Rounded up: the stream pushes the refill when it comes, which ends the denial on
+        // time whatever the TTL.
         return Assignment {
             strategy: Strategy::DenyAll,
-            ttl: budget.reset.max(Duration::from_millis(1)),
+            ttl: whole_seconds(budget.reset),
         };
     }
     let share = share.clamp(0.0, 1.0);
@@ -116,16 +140,60 @@ pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> 
 }
 
 /// A token bucket of `burst` tokens (at least 1) refilled at `rate` per second (at least
-/// one token per hour), with an integer `tokens_per_fill` and a millisecond interval.
+/// one token per hour): a whole number of seconds per fill, long enough that the integer
+/// `tokens_per_fill` carries the rate closely. Envoy refills continuously, so a long
+/// interval admits nothing later than a short one would.
 fn token_bucket(burst: f64, rate: f64) -> Strategy {
-    const MIN_RATE: f64 = 1.0 / 3600.0;
-    let rate = rate.max(MIN_RATE);
-    let tokens_per_fill = rate.round().clamp(1.0, f64::from(u32::MAX));
-    let fill_ms = (tokens_per_fill * 1000.0 / rate).round().max(1.0);
+    let rate = rate.max(1.0 / MAX_FILL_SECONDS);
+    let seconds = (TOKENS_PER_FILL / rate).ceil().clamp(1.0, MAX_FILL_SECONDS);
+    let tokens_per_fill = (rate * seconds).round().clamp(1.0, f64::from(u32::MAX));
     Strategy::TokenBucket {
         max_tokens: burst.clamp(1.0, f64::from(u32::MAX)) as u32,
         tokens_per_fill: tokens_per_fill as u32,
-        fill_interval: Duration::from_millis(fill_ms as u64),
+        fill_interval: Duration::from_secs(seconds as u64),
+    }
+}
+
+/// Whether Envoy takes `next` for the same assignment as `current`, and so keeps its
+/// running bucket: token buckets with the same `max_tokens`, `tokens_per_fill` and
+/// `fill_interval.nanos` (Envoy does not compare the seconds), or the same blanket rule.
+pub fn same_for_envoy(current: &Strategy, next: &Strategy) -> bool {
+    match (current, next) {
+        (
+            Strategy::TokenBucket {
+                max_tokens: a_max,
+                tokens_per_fill: a_fill,
+                fill_interval: a_every,
+            },
+            Strategy::TokenBucket {
+                max_tokens: b_max,
+                tokens_per_fill: b_fill,
+                fill_interval: b_every,
+            },
+        ) => a_max == b_max && a_fill == b_fill && a_every.subsec_nanos() == b_every.subsec_nanos(),
+        _ => current == next,
+    }
+}
+
+/// `next`, changed so that Envoy sees it differ from `current` when it does: a token bucket
+/// with another rate but equal in what Envoy compares gets one token more (or less) of
+/// `max_tokens`, or Envoy would keep the old rate.
+pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
+    match next {
+        Strategy::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval,
+        } if next != *current && same_for_envoy(current, &next) => Strategy::TokenBucket {
+            max_tokens: if max_tokens < u32::MAX {
+                max_tokens + 1
+            } else {
+                max_tokens - 1
+            },
+            tokens_per_fill,
+            fill_interval,
+        },
+        _ => next,
     }
 }
 
@@ -145,7 +213,8 @@ mod tests {
     use super::*;
     use crate::rules::Unit;
 
-    const INTERVAL: Duration = Duration::from_millis(500);
+    /// Envoy's hard-coded reporting interval.
+    const INTERVAL: Duration = Duration::from_secs(5);
 
     fn open(remaining: u64, reset_ms: u64) -> Budget {
         Budget {
@@ -164,7 +233,7 @@ mod tests {
         let policy = Policy::fixed_window(1000, Unit::Second);
         let whole = size(&policy, open(1000, 1000), 1.0, INTERVAL);
         let third = size(&policy, open(1000, 1000), 1.0 / 3.0, INTERVAL);
-        assert_eq!(whole.ttl, Duration::from_secs(1));
+        assert_eq!(whole.ttl, Duration::from_secs(15));
         assert!((rate(&whole.strategy) - 950.0).abs() < 1.0);
         assert!((rate(&third.strategy) - 950.0 / 3.0).abs() < 1.0);
         let Strategy::TokenBucket { max_tokens, .. } = whole.strategy else {
@@ -203,7 +272,8 @@ mod tests {
         assert!((rate(&left.strategy) - 2.0 * 0.95).abs() < 0.01);
         // Near the reset the full rate stands.
         let near = size(&policy, open(1, 400), 1.0, INTERVAL);
-        assert!((rate(&near.strategy) - 10.0 * 0.95).abs() < 0.01);
+        // Within the 0.5% that an integer tokens_per_fill may move it.
+        assert!((rate(&near.strategy) - 10.0 * 0.95).abs() < 0.05);
     }
 
     #[test]
@@ -218,9 +288,60 @@ mod tests {
         else {
             unreachable!()
         };
-        assert_eq!((max_tokens, tokens_per_fill), (2, 1));
-        // 0.5 * 60 * 0.95 per hour: one token every 126.3 s.
-        assert_eq!(fill_interval, Duration::from_millis(126_316));
+        assert_eq!(max_tokens, 2);
+        // 0.5 * 60 * 0.95 per hour: 28.5 tokens over the longest fill interval, an hour.
+        assert_eq!(fill_interval, Duration::from_secs(3600));
+        assert!((28..=29).contains(&tokens_per_fill));
+    }
+
+    #[test]
+    fn every_duration_on_the_wire_is_whole_seconds_and_at_least_one() {
+        let policy = Policy::fixed_window(1000, Unit::Second);
+        for rate in [0.0001, 0.3, 1.0, 1.4, 7.7, 99.0, 101.0, 950.0, 1e6, 1e12] {
+            let Strategy::TokenBucket {
+                tokens_per_fill,
+                fill_interval,
+                ..
+            } = token_bucket(10.0, rate)
+            else {
+                unreachable!()
+            };
+            assert_eq!(fill_interval.subsec_nanos(), 0, "{rate}");
+            assert!(fill_interval >= Duration::from_secs(1), "{rate}");
+            assert!(tokens_per_fill >= 1, "{rate}");
+            // Envoy's rate: tokens_per_fill over the whole seconds.
+            let envoy = f64::from(tokens_per_fill) / fill_interval.as_secs() as f64;
+            let wanted = rate.clamp(1.0 / 3600.0, f64::from(u32::MAX));
+            assert!((envoy - wanted).abs() <= wanted * 0.006, "{rate}: {envoy}");
+        }
+        let spent = |reset_ms| Budget {
+            open: false,
+            remaining: 0,
+            reset: Duration::from_millis(reset_ms),
+        };
+        for (reset_ms, ttl_s) in [(0, 1), (1, 1), (999, 1), (1000, 1), (1001, 2), (59_500, 60)] {
+            assert_eq!(
+                size(&policy, spent(reset_ms), 1.0, INTERVAL).ttl,
+                Duration::from_secs(ttl_s)
+            );
+        }
+        assert_eq!(ttl(Duration::from_millis(300)), Duration::from_secs(1));
+        assert_eq!(ttl(INTERVAL), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn a_new_rate_that_envoy_would_take_for_the_old_one_gets_another_size() {
+        // 9.1/s and 10/s both fill 100 tokens, over 11 s and 10 s: Envoy compares no seconds.
+        let old = token_bucket(5.0, 10.0);
+        let new = token_bucket(5.0, 9.1);
+        assert_ne!(old, new);
+        assert!(same_for_envoy(&old, &new));
+        let sent = distinct_for_envoy(&old, new);
+        assert!(!same_for_envoy(&old, &sent));
+        assert_eq!(rate(&sent), rate(&new));
+        // The same assignment stays the same.
+        assert_eq!(distinct_for_envoy(&old, old), old);
+        assert!(same_for_envoy(&Strategy::DenyAll, &Strategy::DenyAll));
     }
 
     #[test]

@@ -4,17 +4,18 @@
 //! Demand (allowed + denied) goes into a sliding-window counter next to the bucket (its
 //! own key, same backend), so the total over every stream of every replica is one read;
 //! each stream keeps the same counter of its own demand in process. A stream's share is
-//! its counter over the total. Both count over [`DEMAND_WINDOW`], so the shares of all
-//! streams add up to 1, and a stream that goes away fades out of the total within two
-//! windows. This needs no backend operation beyond the charges and peeks every backend
-//! already makes atomically.
+//! its demand rate (from its latest report) over everyone's: the total less its own
+//! counter, over [`DEMAND_WINDOW`], plus its own rate. Its own counter peaks right after
+//! its report while the others' are read at any point of theirs, so counters alone would
+//! overstate every stream's share (by 12-20% with 5 s reports: the shares added up to
+//! 1.2). A stream that goes away fades out of the total within two windows. This needs no
+//! backend operation beyond the charges and peeks every backend already makes atomically.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Bucket;
 use crate::backend::{Backend, BackendError, Charge, Group, Outcome};
-use crate::clock::{Clock, SystemClock};
 use crate::limiter::{QuotaBucket, always_over};
 use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 
@@ -184,10 +185,10 @@ impl Default for OwnDemand {
 }
 
 impl OwnDemand {
-    /// Adds `demand` now and returns the count over the demand window.
-    pub fn add(&mut self, demand: u64) -> u64 {
+    /// Adds `demand` at `now` (ms since the epoch) and returns the count over the demand
+    /// window.
+    pub fn add(&mut self, demand: u64, now: i64) -> u64 {
         let policy = demand_policy();
-        let now = SystemClock.now_ms();
         if demand > 0 {
             self.0.decide(&policy, now, demand);
         }
@@ -195,11 +196,15 @@ impl OwnDemand {
     }
 }
 
-/// A stream's share of a bucket: its demand over everyone's, counting itself at least
-/// one request, so a quiet stream still gets room for its next one.
-pub fn share(own: u64, total: u64) -> f64 {
-    let own = own.max(1);
-    own as f64 / total.max(own) as f64
+/// A stream's share of a bucket: its demand rate (`own_rate` a second) over everyone's,
+/// the others' read from the shared counter (`total`) less its own counter
+/// (`own_count`). The stream counts at least one request per demand window, so a quiet
+/// stream still gets room for its next one.
+pub fn share(own_rate: f64, own_count: u64, total: u64) -> f64 {
+    let window = DEMAND_WINDOW.as_secs_f64();
+    let own = own_rate.max(1.0 / window);
+    let others = total.saturating_sub(own_count) as f64 / window;
+    own / (others + own)
 }
 
 #[cfg(test)]
@@ -283,11 +288,12 @@ descriptors:
     }
 
     #[test]
-    fn a_share_counts_the_stream_at_least_once() {
-        assert_eq!(share(50, 200), 0.25);
-        assert_eq!(share(0, 0), 1.0);
-        assert_eq!(share(0, 9), 1.0 / 9.0);
-        // A total that lags the stream's own count (another clock) is never below it.
-        assert_eq!(share(30, 20), 1.0);
+    fn a_share_is_the_streams_rate_over_everyones_and_at_least_one_request() {
+        // 5/s of its own, 15/s of others (150 counted over 10 s beside its own 60).
+        assert_eq!(share(5.0, 60, 210), 0.25);
+        assert_eq!(share(0.0, 0, 0), 1.0);
+        assert_eq!(share(0.0, 0, 9), 0.1 / 1.0);
+        // A total that lags the stream's own count (another clock) leaves it all.
+        assert_eq!(share(3.0, 30, 20), 1.0);
     }
 }

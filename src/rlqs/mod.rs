@@ -4,10 +4,14 @@
 //! Envoy enforces each bucket itself and reports its usage on one long-lived stream; the
 //! server books the reports into the bucket ShouldRateLimit charges and pushes each stream
 //! a share of what is left. `validate` checks a message, `stream` holds one stream's
-//! buckets, `ledger` talks to the backend, `assign` sizes assignments, `wire` encodes them.
+//! buckets, `bounds` caps the buckets all streams hold, `spread` places a report's usage in
+//! the bucket's windows, `ledger` talks to the backend, `assign` sizes assignments, `wire`
+//! encodes them.
 
 pub mod assign;
+pub mod bounds;
 pub mod ledger;
+pub mod spread;
 pub mod stream;
 pub mod validate;
 mod wire;
@@ -15,23 +19,36 @@ mod wire;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::limiter::Limiter;
+use crate::overload::Arrival;
+use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaService;
 use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 
+use bounds::BucketBounds;
 use ledger::Ledger;
-use stream::{Shared, Stream};
+use stream::{Answered, Shared, Stream};
 
 /// Default `--rlqs-max-buckets`.
 pub const DEFAULT_MAX_BUCKETS: usize = 10_000;
 /// Default `--rlqs-abandon-after`.
 pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(60);
 /// Answers queued for a client that does not read them, before the stream waits for it.
-const QUEUED_ANSWERS: usize = 16;
+const QUEUED_ANSWERS: usize = 4;
+/// How long the stream waits for a client to make room for an answer before it ends the
+/// stream: a client that does not read for a reporting interval is not buffered for.
+const READ_WAIT: Duration = stream::DEFAULT_INTERVAL;
+/// Most encoded bytes of one answer; a larger one is split (Envoy's own gRPC clients
+/// receive at most 4 MiB by default).
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// Most bytes of one report message: 10,000 buckets with ids of up to 1.6 KiB each (Envoy
+/// puts every bucket it holds in one message).
+pub const MAX_REPORT_BYTES: usize = 16 << 20;
 
 /// Settings of the quota service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +86,7 @@ impl QuotaService {
                 limiter,
                 ledger,
                 settings,
+                bounds: Arc::new(BucketBounds::new(settings.max_buckets)),
                 metrics,
             }),
             stop,
@@ -85,7 +103,11 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let (answers, receiver) = mpsc::channel(QUEUED_ANSWERS);
-        let stream = Stream::new(Arc::clone(&self.shared));
+        let connection = request
+            .extensions()
+            .get::<Arrival>()
+            .map(|arrival| Arc::clone(&arrival.connection));
+        let stream = Stream::new(Arc::clone(&self.shared), connection);
         tokio::spawn(serve(
             stream,
             request.into_inner(),
@@ -96,42 +118,101 @@ impl RateLimitQuotaService for QuotaService {
     }
 }
 
-/// Runs one stream: answers reports, pushes what time changes, and ends on a bad message,
-/// when the client goes away, or at shutdown.
+/// Runs one stream: answers reports, pushes what time changes, and ends when the client
+/// goes away, sends what cannot be decoded or a bad domain, stops reading, or at shutdown.
 async fn serve(
     mut stream: Stream,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let metrics = stream.metrics().clone();
     loop {
         let wake = stream.next_wake();
         let actions = tokio::select! {
             report = reports.message() => match report {
                 Ok(Some(report)) => match stream.report(report).await {
-                    Ok(actions) => actions,
-                    Err(status) => {
-                        let _ = answers.send(Err(status)).await;
+                    Ok(answered) => skipped(answered),
+                    Err(invalid) => {
+                        tracing::warn!(error = %invalid, "RLQS stream ended: a bad report");
+                        metrics.stream_ended("bad_domain");
+                        let _ = answers.try_send(Err(Status::invalid_argument(invalid.to_string())));
                         return;
                     }
                 },
-                // The client closed its side, or the transport failed: nothing to answer.
-                Ok(None) | Err(_) => return,
+                Ok(None) => return,
+                Err(status) if undecodable(&status) => {
+                    tracing::warn!(error = status.message(), "RLQS stream ended: a report that cannot be decoded");
+                    metrics.stream_ended("undecodable");
+                    let why = format!("a report that cannot be decoded: {}", status.message());
+                    let _ = answers.try_send(Err(Status::invalid_argument(why)));
+                    return;
+                }
+                // The client reset the stream, or the transport failed: nobody to answer.
+                Err(_) => return,
             },
             () = tokio::time::sleep_until(wake) => stream.tick().await,
             () = stopped(&mut stop) => return,
             () = answers.closed() => return,
         };
-        if actions.is_empty() {
-            continue;
-        }
-        let answer = RateLimitQuotaResponse {
-            bucket_action: actions,
-        };
-        if answers.send(Ok(answer)).await.is_err() {
-            return;
+        for answer in split(actions) {
+            match answers.send_timeout(Ok(answer), READ_WAIT).await {
+                Ok(()) => {}
+                Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
+                    tracing::warn!("RLQS stream ended: its client does not read its answers");
+                    metrics.stream_ended("not_reading");
+                    return;
+                }
+                Err(mpsc::error::SendTimeoutError::Closed(_)) => return,
+            }
         }
     }
+}
+
+/// The actions of a report, after logging what it skipped.
+fn skipped(answered: Answered) -> Vec<BucketAction> {
+    if let Some(first) = answered.skipped.first() {
+        tracing::warn!(
+            skipped = answered.skipped.len(),
+            first = %first,
+            "RLQS report: buckets left unanswered"
+        );
+    }
+    answered.actions
+}
+
+/// Whether tonic's error reading a report means the client sent bytes that are not a
+/// report (or one over [`MAX_REPORT_BYTES`]), not that the transport failed.
+fn undecodable(status: &Status) -> bool {
+    match status.code() {
+        Code::OutOfRange => true,
+        Code::Internal => status.message().starts_with("failed to decode"),
+        _ => false,
+    }
+}
+
+/// `actions` as answers of at most [`MAX_ANSWER_BYTES`] each, in order.
+fn split(actions: Vec<BucketAction>) -> Vec<RateLimitQuotaResponse> {
+    let mut answers = Vec::new();
+    let mut current = Vec::new();
+    let mut bytes = 0;
+    for action in actions {
+        let size = action.encoded_len() + 8;
+        if !current.is_empty() && bytes + size > MAX_ANSWER_BYTES {
+            answers.push(RateLimitQuotaResponse {
+                bucket_action: std::mem::take(&mut current),
+            });
+            bytes = 0;
+        }
+        bytes += size;
+        current.push(action);
+    }
+    if !current.is_empty() {
+        answers.push(RateLimitQuotaResponse {
+            bucket_action: current,
+        });
+    }
+    answers
 }
 
 /// Resolves once `stop` turns true (never, if its sender is gone without doing so).
@@ -144,5 +225,34 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
         if stop.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::rlqs::BucketId;
+
+    /// An action whose id takes about 1 KiB.
+    fn action(i: usize) -> BucketAction {
+        BucketAction {
+            bucket_id: Some(BucketId {
+                bucket: [("k".to_owned(), format!("{i:01000}"))].into(),
+            }),
+            bucket_action: None,
+        }
+    }
+
+    #[test]
+    fn a_large_answer_is_split_in_order_and_an_empty_one_is_not_sent() {
+        assert!(split(Vec::new()).is_empty());
+        let answers = split((0..3000).map(action).collect());
+        assert!(answers.len() >= 3);
+        let sent: Vec<_> = answers
+            .iter()
+            .inspect(|answer| assert!(answer.encoded_len() <= MAX_ANSWER_BYTES))
+            .flat_map(|answer| answer.bucket_action.iter().cloned())
+            .collect();
+        assert_eq!(sent, (0..3000).map(action).collect::<Vec<_>>());
     }
 }

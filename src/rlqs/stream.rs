@@ -1,10 +1,11 @@
 //! One quota stream: the buckets its client reports, what each was last assigned, and
-//! when each is due for another look.
+//! when each next needs a push without a report.
 //!
-//! A report books its counts and answers every reported bucket: a moved assignment, or
-//! the one in force again (which only extends its TTL on the client). Between reports the
-//! stream wakes for what time alone changes: a spent budget refilling, a rule reload, a
-//! bucket gone quiet for too long, and a late report.
+//! A report books its counts and answers every bucket it names (Envoy names every bucket
+//! it holds, every 5 s): a moved assignment, or the one in force again (which only re-arms
+//! its TTL on the client). Between reports the stream does backend work only for what time
+//! alone changes: a spent budget refilling and a rule reload. A bucket reported without
+//! demand for `--rlqs-abandon-after`, or not reported for as long, is abandoned.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,25 +13,31 @@ use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use tokio::time::Instant;
-use tonic::Status;
 
 use crate::backend::BackendError;
+use crate::clock::{Clock, SystemClock};
 use crate::limiter::{FailureMode, Limiter, QuotaRule};
 use crate::matcher::Matcher;
 use crate::metrics::RlqsMetrics;
+use crate::overload::ConnectionLoad;
 use crate::proto::rlqs::RateLimitQuotaUsageReports;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
+use crate::rules::Policy;
 
 use super::RlqsSettings;
 use super::assign::{self, Assignment, Strategy};
+use super::bounds::{BucketBounds, Holding};
 use super::ledger::{self, Ledger, OwnDemand};
-use super::validate::{self, BucketPairs, Usage};
+use super::spread;
+use super::validate::{self, BadBucket, BucketPairs, InvalidMessage, Usage};
 use super::wire;
 
-/// Reporting interval assumed until a report says (`time_elapsed`).
-const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-/// Shortest reporting interval learned.
-const MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// Envoy's reporting interval: hard-coded in its client whatever `reporting_interval` says
+/// (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+/// Shortest reporting interval learned: Envoy's `time_elapsed` is whole seconds, and 0 on a
+/// bucket's first report.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest reporting interval learned.
 const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// Most bytes of bucket ids one stream may hold (the count alone would allow 2.5 GiB).
@@ -54,6 +61,8 @@ pub struct Shared {
     pub ledger: Ledger,
     /// Bounds and abandon time.
     pub settings: RlqsSettings,
+    /// Buckets held by every stream.
+    pub bounds: Arc<BucketBounds>,
     /// Counters and gauges.
     pub metrics: RlqsMetrics,
 }
@@ -63,16 +72,22 @@ struct Tracked {
     /// Shared with the index, so each id is held once.
     id: Arc<BucketPairs>,
     rule: QuotaRule,
-    interval: Option<Duration>,
+    /// The client's reporting interval, as its reports' `time_elapsed` say.
+    interval: Duration,
     last_report: Instant,
+    /// The latest report with any demand (or the bucket's first).
+    last_demand: Instant,
     /// Allowed requests reported but not yet booked (the backend failed).
     unbooked: u64,
     /// Demand (allowed + denied) reported but not yet recorded in the backend.
     unbooked_demand: u64,
     own: OwnDemand,
     own_count: u64,
+    /// Demand a second, as its latest report that covered any time says.
+    demand_rate: f64,
     sent: Option<Sent>,
-    next_look: Instant,
+    /// When the bucket needs a push without a report: a refill, or a rule reload.
+    next_look: Option<Instant>,
 }
 
 /// The assignment in force on the client.
@@ -83,24 +98,50 @@ struct Sent {
 }
 
 impl Tracked {
-    fn interval(&self) -> Duration {
-        self.interval.unwrap_or(DEFAULT_INTERVAL)
-    }
-
     /// Learns the reporting interval from a report's `time_elapsed`: at once when it grows,
-    /// slowly when it shrinks, so jitter or a first report sent early never gives TTLs that
-    /// end before the next report. Shorter than [`MIN_INTERVAL`] says nothing (the first
-    /// report of a bucket may come right after its first request).
+    /// slowly when it shrinks, so a first periodic report (which covers less than an
+    /// interval) never gives TTLs that end before the next report.
     fn learn_interval(&mut self, elapsed: Duration) {
         if elapsed < MIN_INTERVAL {
             return;
         }
         let elapsed = elapsed.min(MAX_INTERVAL);
-        self.interval = Some(match self.interval {
-            Some(known) if elapsed < known => (known * 3 + elapsed) / 4,
-            _ => elapsed,
-        });
+        self.interval = if elapsed < self.interval {
+            (self.interval * 3 + elapsed) / 4
+        } else {
+            elapsed
+        };
     }
+}
+
+/// Why a bucket of a report got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Skipped {
+    /// The bucket itself is malformed.
+    #[error(transparent)]
+    Bad(#[from] BadBucket),
+    /// Holding it would pass a bound on buckets or id bytes.
+    #[error("past the bound on buckets held (--rlqs-max-buckets, per connection or process)")]
+    Bounded,
+}
+
+impl Skipped {
+    /// The `reason` label of `floodgate_rlqs_skipped_buckets`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Skipped::Bad(bad) => bad.label(),
+            Skipped::Bounded => "bucket_limit",
+        }
+    }
+}
+
+/// What one report gets.
+#[derive(Debug, Default)]
+pub struct Answered {
+    /// The actions to push.
+    pub actions: Vec<BucketAction>,
+    /// The buckets skipped, and why.
+    pub skipped: Vec<Skipped>,
 }
 
 /// The state of one stream.
@@ -111,13 +152,19 @@ pub struct Stream {
     index: HashMap<Arc<BucketPairs>, usize>,
     id_bytes: usize,
     rules: Arc<Matcher>,
+    holding: Holding,
+    connection: Option<Arc<ConnectionLoad>>,
 }
 
 impl Stream {
-    /// A stream with no buckets yet.
-    pub fn new(shared: Arc<Shared>) -> Stream {
+    /// A stream with no buckets yet, on `connection` when known.
+    pub fn new(shared: Arc<Shared>, connection: Option<Arc<ConnectionLoad>>) -> Stream {
         shared.metrics.streams.inc();
         let rules = shared.limiter.rules();
+        let holding = Holding::new(
+            Arc::clone(&shared.bounds),
+            connection.as_ref().map(|load| load.id()),
+        );
         Stream {
             shared,
             domain: None,
@@ -125,39 +172,60 @@ impl Stream {
             index: HashMap::new(),
             id_bytes: 0,
             rules,
+            holding,
+            connection,
         }
     }
 
-    /// Books one message of reports and answers each reported bucket.
+    /// The quota service's metrics.
+    pub fn metrics(&self) -> &RlqsMetrics {
+        &self.shared.metrics
+    }
+
+    /// Books one message of reports and answers each bucket it names; skips the bad ones.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for a bad message, `RESOURCE_EXHAUSTED` past the stream's bounds.
+    /// A message whose domain is missing, too long, or not the stream's.
     pub async fn report(
         &mut self,
         message: RateLimitQuotaUsageReports,
-    ) -> Result<Vec<BucketAction>, Status> {
-        let domain = validate::domain(self.domain.as_deref(), &message.domain)
-            .map_err(|why| Status::invalid_argument(why.0))?;
+    ) -> Result<Answered, InvalidMessage> {
+        let domain = validate::domain(self.domain.as_deref(), &message.domain)?;
         self.domain = Some(domain);
-        let usages = validate::usages(message).map_err(|why| Status::invalid_argument(why.0))?;
         let now = Instant::now();
+        if let Some(connection) = &self.connection {
+            connection.active(now);
+        }
         self.follow_rules(now);
-        let mut reported = Vec::with_capacity(usages.len());
-        for usage in usages {
-            reported.push(self.record(usage, now)?);
+        let now_ms = SystemClock.now_ms();
+        let mut answered = Answered::default();
+        let mut reported = Vec::new();
+        for usage in validate::usages(message) {
+            match usage
+                .map_err(Skipped::from)
+                .and_then(|usage| self.record(usage, now, now_ms))
+            {
+                Ok(at) => reported.push(at),
+                Err(skipped) => {
+                    self.shared.metrics.skipped(skipped.label());
+                    answered.skipped.push(skipped);
+                }
+            }
         }
         reported.sort_unstable();
         reported.dedup();
-        Ok(self.look(&reported, now, true).await)
+        answered.actions = self.look(&reported, now, true).await;
+        Ok(answered)
     }
 
-    /// Answers what time changed: abandons quiet buckets, and looks again at those due.
+    /// Answers what time changed: abandons quiet buckets, and pushes refills and rule
+    /// changes.
     pub async fn tick(&mut self) -> Vec<BucketAction> {
         let now = Instant::now();
         let mut actions = self.abandon_quiet(now);
         self.follow_rules(now);
         let due: Vec<usize> = (0..self.buckets.len())
-            .filter(|&i| self.buckets[i].next_look <= now)
+            .filter(|&i| self.buckets[i].next_look.is_some_and(|look| look <= now))
             .collect();
         actions.extend(self.look(&due, now, false).await);
         actions
@@ -167,12 +235,13 @@ impl Stream {
     pub fn next_wake(&self) -> Instant {
         let now = Instant::now();
         let abandon = self.shared.settings.abandon_after;
+        // Rule reloads are checked every MAX_SLEEP (a pointer comparison).
         let mut wake = now + MAX_SLEEP;
         for bucket in &self.buckets {
-            // Rule reloads are checked at least once per reporting interval.
-            let soonest = (now + bucket.interval()).min(bucket.next_look);
-            wake = wake.min(soonest);
-            if let Some(quiet) = bucket.last_report.checked_add(abandon) {
+            if let Some(look) = bucket.next_look {
+                wake = wake.min(look);
+            }
+            if let Some(quiet) = bucket.last_demand.checked_add(abandon) {
                 wake = wake.min(quiet);
             }
         }
@@ -180,7 +249,7 @@ impl Stream {
     }
 
     /// Finds or adds the reported bucket, and counts its report. Returns its index.
-    fn record(&mut self, usage: Usage, now: Instant) -> Result<usize, Status> {
+    fn record(&mut self, usage: Usage, now: Instant, now_ms: i64) -> Result<usize, Skipped> {
         self.shared.metrics.reports.inc();
         let at = match self.index.get(&usage.id) {
             Some(&at) => at,
@@ -189,32 +258,35 @@ impl Stream {
         let bucket = &mut self.buckets[at];
         bucket.learn_interval(usage.elapsed);
         bucket.last_report = now;
-        bucket.unbooked = bucket
-            .unbooked
-            .saturating_add(usage.allowed)
-            .min(MAX_PENDING);
-        let demand = usage.allowed.saturating_add(usage.denied).min(MAX_PENDING);
+        let demand = usage.allowed.saturating_add(usage.denied);
+        if demand > 0 {
+            bucket.last_demand = now;
+        }
+        let QuotaRule::Limited(quota) = &bucket.rule else {
+            return Ok(at);
+        };
+        let booked = spread::booked_now(&quota.policy, usage.allowed, usage.elapsed, now_ms);
+        bucket.unbooked = bucket.unbooked.saturating_add(booked).min(MAX_PENDING);
+        // Capped at the limit's rate, then spread like the requests.
+        let demand = demand.min(demand_cap(&quota.policy, usage.elapsed));
+        if !usage.elapsed.is_zero() {
+            bucket.demand_rate = demand as f64 / usage.elapsed.as_secs_f64();
+        }
+        let demand = spread::booked_now(&ledger::demand_policy(), demand, usage.elapsed, now_ms);
         bucket.unbooked_demand = bucket
             .unbooked_demand
             .saturating_add(demand)
             .min(MAX_PENDING);
-        bucket.own_count = bucket.own.add(demand);
+        bucket.own_count = bucket.own.add(demand, now_ms);
         Ok(at)
     }
 
-    fn add(&mut self, id: BucketPairs, now: Instant) -> Result<usize, Status> {
-        let max = self.shared.settings.max_buckets;
-        if self.buckets.len() >= max {
-            return Err(Status::resource_exhausted(format!(
-                "a stream may hold at most {max} buckets (--rlqs-max-buckets)"
-            )));
-        }
+    fn add(&mut self, id: BucketPairs, now: Instant) -> Result<usize, Skipped> {
         let bytes = id_bytes(&id);
         if self.id_bytes + bytes > MAX_STREAM_ID_BYTES {
-            return Err(Status::resource_exhausted(format!(
-                "a stream's bucket ids may take at most {MAX_STREAM_ID_BYTES} bytes"
-            )));
+            return Err(Skipped::Bounded);
         }
+        self.holding.take().map_err(|_| Skipped::Bounded)?;
         self.id_bytes += bytes;
         let rule = self.resolve(&id);
         let at = self.buckets.len();
@@ -223,14 +295,16 @@ impl Stream {
         self.buckets.push(Tracked {
             id,
             rule,
-            interval: None,
+            interval: DEFAULT_INTERVAL,
             last_report: now,
+            last_demand: now,
             unbooked: 0,
             unbooked_demand: 0,
             own: OwnDemand::default(),
             own_count: 0,
+            demand_rate: 0.0,
             sent: None,
-            next_look: now,
+            next_look: None,
         });
         self.shared.metrics.buckets.inc();
         Ok(at)
@@ -255,18 +329,20 @@ impl Stream {
             let bucket = &mut self.buckets[at];
             if rule != bucket.rule {
                 bucket.rule = rule;
-                bucket.next_look = now;
+                bucket.next_look = Some(now);
             }
         }
     }
 
-    /// Abandons the buckets not reported for `--rlqs-abandon-after`, and forgets them.
+    /// Abandons the buckets reported without demand, or not reported at all, for
+    /// `--rlqs-abandon-after`, and forgets them. Envoy reports every bucket it holds until
+    /// told to drop it, so an idle one never goes quiet on its own.
     fn abandon_quiet(&mut self, now: Instant) -> Vec<BucketAction> {
         let abandon = self.shared.settings.abandon_after;
         let mut actions = Vec::new();
         let mut at = 0;
         while at < self.buckets.len() {
-            let quiet = self.buckets[at].last_report.checked_add(abandon);
+            let quiet = self.buckets[at].last_demand.checked_add(abandon);
             if quiet.is_none_or(|quiet| quiet > now) {
                 at += 1;
                 continue;
@@ -277,6 +353,7 @@ impl Stream {
                 self.index.insert(Arc::clone(&moved.id), at);
             }
             self.id_bytes -= id_bytes(&gone.id);
+            self.holding.release();
             self.shared.metrics.buckets.dec();
             self.shared.metrics.abandons.inc();
             actions.push(wire::abandon(&gone.id));
@@ -326,10 +403,10 @@ impl Stream {
     ) -> Option<BucketAction> {
         let failure_mode = self.shared.limiter.failure_mode();
         let bucket = &mut self.buckets[at];
-        let interval = bucket.interval();
-        let ttl = interval * assign::TTL_INTERVALS;
-        // A report on time comes first; this look only catches a late one.
-        bucket.next_look = now + interval + interval / 2;
+        let ttl = assign::ttl(bucket.interval);
+        bucket.next_look = None;
+        // When a denial ends: the stream pushes the refill then.
+        let mut refill = None;
         let next = match (&bucket.rule, reading) {
             (QuotaRule::Limited(quota), Some(Ok(reading))) => {
                 bucket.unbooked = 0;
@@ -340,8 +417,10 @@ impl Stream {
                         ttl,
                     }
                 } else {
-                    let share = ledger::share(bucket.own_count, reading.total_demand);
-                    assign::size(&quota.policy, reading.budget, share, interval)
+                    let share =
+                        ledger::share(bucket.demand_rate, bucket.own_count, reading.total_demand);
+                    refill = Some(reading.budget.reset);
+                    assign::size(&quota.policy, reading.budget, share, bucket.interval)
                 }
             }
             (_, Some(Err(error))) => {
@@ -367,11 +446,12 @@ impl Stream {
             Some(sent) if sent.expires > now && !assign::moved(&sent.strategy, &next.strategy) => {
                 sent.strategy
             }
-            _ => next.strategy,
+            Some(sent) => assign::distinct_for_envoy(&sent.strategy, next.strategy),
+            None => next.strategy,
         };
-        let changed = bucket
-            .sent
-            .is_none_or(|sent| sent.strategy != strategy || sent.expires <= now);
+        let changed = bucket.sent.is_none_or(|sent| {
+            !assign::same_for_envoy(&sent.strategy, &strategy) || sent.expires <= now
+        });
         if !answer && !changed {
             return None;
         }
@@ -379,9 +459,10 @@ impl Stream {
             strategy,
             expires: now + next.ttl,
         });
-        if strategy == Strategy::DenyAll {
-            // Push the refill as it comes.
-            bucket.next_look = bucket.next_look.min(now + next.ttl);
+        if strategy == Strategy::DenyAll
+            && let Some(refill) = refill
+        {
+            bucket.next_look = Some(now + refill.max(Duration::from_millis(1)));
         }
         self.shared.metrics.assigned(strategy.label());
         Some(wire::assign(
@@ -410,37 +491,63 @@ fn id_bytes(id: &BucketPairs) -> usize {
     id.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
+/// The most demand one report may claim: the limit's rate over the time it covers (at
+/// least a second), so that no report, true or not, takes more of the shares than a client
+/// admitting the whole limit would.
+fn demand_cap(policy: &Policy, elapsed: Duration) -> u64 {
+    let covered = u128::from(elapsed.max(Duration::from_secs(1)).as_millis() as u64);
+    let limit = u128::from(policy.requests_per_unit);
+    let window = u128::from(policy.window_ms().max(1));
+    u64::try_from((limit * covered).div_ceil(window))
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_PENDING)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::Unit;
 
     fn tracked() -> Tracked {
+        let now = Instant::now();
         Tracked {
             id: Arc::new(vec![("k".to_owned(), "v".to_owned())]),
             rule: QuotaRule::Unlimited,
-            interval: None,
-            last_report: Instant::now(),
+            interval: DEFAULT_INTERVAL,
+            last_report: now,
+            last_demand: now,
             unbooked: 0,
             unbooked_demand: 0,
             own: OwnDemand::default(),
             own_count: 0,
+            demand_rate: 0.0,
             sent: None,
-            next_look: Instant::now(),
+            next_look: None,
         }
     }
 
     #[test]
-    fn the_interval_grows_at_once_and_shrinks_slowly() {
+    fn the_interval_starts_at_envoys_grows_at_once_and_shrinks_slowly() {
         let mut bucket = tracked();
-        bucket.learn_interval(Duration::from_millis(3));
-        assert_eq!(bucket.interval(), DEFAULT_INTERVAL);
-        bucket.learn_interval(Duration::from_millis(400));
-        assert_eq!(bucket.interval(), Duration::from_millis(400));
-        bucket.learn_interval(Duration::from_secs(2));
-        assert_eq!(bucket.interval(), Duration::from_secs(2));
+        // A first report (0 s) and a short first periodic one say little.
+        bucket.learn_interval(Duration::ZERO);
+        assert_eq!(bucket.interval, DEFAULT_INTERVAL);
         bucket.learn_interval(Duration::from_secs(1));
-        assert_eq!(bucket.interval(), Duration::from_millis(1750));
+        assert_eq!(bucket.interval, Duration::from_secs(4));
+        bucket.learn_interval(Duration::from_secs(5));
+        assert_eq!(bucket.interval, Duration::from_secs(5));
         bucket.learn_interval(Duration::from_secs(86_400));
-        assert_eq!(bucket.interval(), MAX_INTERVAL);
+        assert_eq!(bucket.interval, MAX_INTERVAL);
+    }
+
+    #[test]
+    fn a_report_claims_at_most_the_limits_rate() {
+        let policy = Policy::fixed_window(100, Unit::Second);
+        assert_eq!(demand_cap(&policy, Duration::from_secs(5)), 500);
+        assert_eq!(demand_cap(&policy, Duration::ZERO), 100);
+        let slow = Policy::fixed_window(10, Unit::Hour);
+        assert_eq!(demand_cap(&slow, Duration::from_secs(5)), 1);
+        let zero = Policy::fixed_window(0, Unit::Hour);
+        assert_eq!(demand_cap(&zero, Duration::from_secs(5)), 1);
     }
 }

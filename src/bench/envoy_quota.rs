@@ -1,14 +1,39 @@
-//! A model of how Envoy's `rate_limit_quota` filter enforces one bucket: what it does
-//! before any assignment, with each kind of assignment, and after an assignment's TTL.
-//! The RLQS bench and tests drive simulated Envoys with it.
+//! A simulated Envoy: what Envoy's `rate_limit_quota` filter does, behaviour by behaviour,
+//! as its source does it (`source/extensions/filters/http/rate_limit_quota/`:
+//! `global_client_impl.cc` sends the reports and applies the answers, `filter.cc` decides
+//! requests; facts in the wire notes, section 11). The RLQS bench and tests drive it.
+//!
+//! - A bucket's first request sends at once a report of that bucket alone, `time_elapsed`
+//!   0 s ([`SimulatedEnvoy::request`]).
+//! - Every 5 s (hard-coded; `reporting_interval` is ignored) one message reports every
+//!   bucket held, idle ones with 0 / 0, `time_elapsed` in whole seconds, truncated
+//!   ([`SimulatedEnvoy::tick`]).
+//! - A lost stream is not reopened at once: the next tick's full report opens a new one;
+//!   a new bucket's immediate report is dropped meanwhile.
+//! - Only the whole seconds of a TTL and of a `fill_interval` are read: a TTL under 1 s
+//!   expires at once, a `fill_interval` under 1 s is an infinite rate; an unset
+//!   `tokens_per_fill` is 0.
+//! - Two token buckets are the same when `max_tokens`, `tokens_per_fill` and
+//!   `fill_interval.nanos` match: the running bucket stays, only the TTL is re-armed.
+//!   Another starts full.
+//! - `requests_per_time_unit` and an unset strategy are ignored: the bucket keeps what it
+//!   had. Actions without a bucket id, or for a bucket not held, are ignored.
+//! - On expiry, the `fallback_rate_limit` of `expired_assignment_behavior` applies for its
+//!   timeout (`reuse_last_assignment` is not implemented), then `no_assignment_behavior`.
+//! - `abandon_action` erases the bucket; its next request starts it anew.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use crate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use crate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
 
-/// What the filter does without an assignment in force.
+/// Envoy's reporting interval, whatever its configuration says.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A blanket rule of the filter's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fallback {
     /// Admit every request.
@@ -17,244 +42,341 @@ pub enum Fallback {
     Deny,
 }
 
-/// The enforcement in force.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Enforced {
-    Allow,
-    Deny,
-    /// A token bucket as Envoy runs it: refilled continuously at `tokens_per_fill` per
-    /// `fill_interval`, capped at `max_tokens`.
-    Tokens {
-        spec: (u32, u32, Duration),
-        tokens: f64,
-        at: Instant,
-    },
+/// A bucket id: pairs sorted by key.
+pub type Id = Vec<(String, String)>;
+
+/// The filter's configuration that decides requests without an assignment.
+#[derive(Debug, Clone)]
+pub struct EnvoyConfig {
+    /// The stream's domain, sent on every message.
+    pub domain: String,
+    /// `no_assignment_behavior`.
+    pub no_assignment: Fallback,
+    /// `expired_assignment_behavior.fallback_rate_limit` and its
+    /// `expired_assignment_behavior_timeout` (whole seconds), if set.
+    pub expired: Option<(Fallback, Duration)>,
 }
 
 /// What applying one action did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
-    /// A new enforcement (a changed token bucket starts full).
+    /// A new enforcement (a new token bucket starts full).
     Changed,
-    /// The same enforcement again: only its TTL moved.
+    /// The same enforcement: only its TTL moved.
     Extended,
-    /// The server told the client to forget the bucket.
+    /// The bucket was erased.
     Abandoned,
-    /// An action the filter ignores or does not implement (it fails open).
+    /// A strategy the filter does not apply; the bucket keeps what it had.
     Unsupported,
+    /// No bucket id, or a bucket not held.
+    Ignored,
 }
 
-/// One bucket on one simulated Envoy.
+impl Applied {
+    /// A label for counting.
+    pub fn label(self) -> &'static str {
+        match self {
+            Applied::Changed => "changed",
+            Applied::Extended => "extended",
+            Applied::Abandoned => "abandoned",
+            Applied::Unsupported => "unsupported",
+            Applied::Ignored => "ignored",
+        }
+    }
+}
+
+/// The enforcement of an assignment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Enforced {
+    Allow,
+    Deny,
+    /// Envoy's token bucket, refilled continuously at `rate` a second (infinite when the
+    /// whole seconds of `fill_interval` are 0).
+    Tokens {
+        /// What Envoy compares: `max_tokens`, `tokens_per_fill`, `fill_interval.nanos`.
+        compared: (u32, u32, i32),
+        rate: f64,
+        tokens: f64,
+        at: Instant,
+    },
+}
+
+/// An assignment in force and when its TTL ends.
+#[derive(Debug, Clone, Copy)]
+struct Assigned {
+    enforced: Enforced,
+    expires: Instant,
+}
+
 #[derive(Debug, Clone)]
-pub struct EnvoyBucket {
-    enforced: Option<Enforced>,
-    expires: Option<Instant>,
-    no_assignment: Fallback,
-    expired: Fallback,
+struct Bucket {
+    assigned: Option<Assigned>,
     allowed: u64,
     denied: u64,
-    reported_at: Instant,
+    last_report: Instant,
 }
 
-impl EnvoyBucket {
-    /// A bucket first hit at `now`, with the filter's `no_assignment_behavior` and
-    /// `expired_assignment_behavior`.
-    pub fn new(no_assignment: Fallback, expired: Fallback, now: Instant) -> EnvoyBucket {
-        EnvoyBucket {
-            enforced: None,
-            expires: None,
-            no_assignment,
-            expired,
+/// Where the stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamState {
+    /// Never opened: the first report opens it.
+    NotYet,
+    Open,
+    /// Lost: only the next tick reopens it.
+    Lost,
+}
+
+/// A report to send, and whether it opens a new stream.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The message.
+    pub report: RateLimitQuotaUsageReports,
+    /// The stream must be (re)opened with this message.
+    pub opens_stream: bool,
+}
+
+/// One Envoy's quota client for one domain.
+#[derive(Debug, Clone)]
+pub struct SimulatedEnvoy {
+    config: EnvoyConfig,
+    buckets: HashMap<Id, Bucket>,
+    stream: StreamState,
+    next_tick: Instant,
+}
+
+impl SimulatedEnvoy {
+    /// A client with no buckets, its first tick one interval after `now`.
+    pub fn new(config: EnvoyConfig, now: Instant) -> SimulatedEnvoy {
+        SimulatedEnvoy {
+            config,
+            buckets: HashMap::new(),
+            stream: StreamState::NotYet,
+            next_tick: now + REPORT_INTERVAL,
+        }
+    }
+
+    /// Buckets held.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// When the next periodic report is due.
+    pub fn next_tick(&self) -> Instant {
+        self.next_tick
+    }
+
+    /// Decides one request for bucket `id` at `now`. A new bucket also returns its
+    /// immediate report, unless the stream is lost.
+    pub fn request(&mut self, id: &Id, now: Instant) -> (bool, Option<Outgoing>) {
+        let config = &self.config;
+        let new = !self.buckets.contains_key(id);
+        let bucket = self.buckets.entry(id.clone()).or_insert(Bucket {
+            assigned: None,
             allowed: 0,
             denied: 0,
-            reported_at: now,
-        }
-    }
-
-    /// Decides one request at `now` and counts it for the next report.
-    pub fn admit(&mut self, now: Instant) -> bool {
-        let expired = self.expires.is_some_and(|expires| now >= expires);
-        let admitted = match (&mut self.enforced, expired) {
-            (None, _) => self.no_assignment == Fallback::Allow,
-            (Some(_), true) => self.expired == Fallback::Allow,
-            (Some(Enforced::Allow), false) => true,
-            (Some(Enforced::Deny), false) => false,
-            (Some(Enforced::Tokens { spec, tokens, at }), false) => {
-                let (max, per_fill, every) = *spec;
-                let rate = f64::from(per_fill) / every.as_secs_f64();
-                let elapsed = now.saturating_duration_since(*at).as_secs_f64();
-                *tokens = (*tokens + elapsed * rate).min(f64::from(max));
-                *at = now;
-                if *tokens >= 1.0 {
-                    *tokens -= 1.0;
-                    true
-                } else {
-                    false
-                }
-            }
-        };
+            last_report: now,
+        });
+        let admitted = decide(bucket, config, now);
         if admitted {
-            self.allowed += 1;
+            bucket.allowed += 1;
         } else {
-            self.denied += 1;
+            bucket.denied += 1;
         }
-        admitted
-    }
-
-    /// Applies one action of the server at `now`.
-    pub fn apply(&mut self, action: &BucketAction, now: Instant) -> Applied {
-        let assignment = match &action.bucket_action {
-            Some(Action::QuotaAssignmentAction(assignment)) => assignment,
-            Some(Action::AbandonAction(_)) => {
-                self.enforced = None;
-                self.expires = None;
-                return Applied::Abandoned;
-            }
-            None => return Applied::Unsupported,
-        };
-        let strategy = assignment
-            .rate_limit_strategy
-            .as_ref()
-            .and_then(|strategy| strategy.strategy.as_ref());
-        let (next, supported) = match strategy {
-            None => (Enforced::Allow, true),
-            Some(Strategy::BlanketRule(rule)) if *rule == BlanketRule::DenyAll as i32 => {
-                (Enforced::Deny, true)
-            }
-            Some(Strategy::BlanketRule(_)) => (Enforced::Allow, true),
-            Some(Strategy::TokenBucket(bucket)) => {
-                let every = bucket.fill_interval.map_or(Duration::ZERO, std_duration);
-                let per_fill = bucket.tokens_per_fill.map_or(1, |value| value.value);
-                if bucket.max_tokens == 0 || every.is_zero() {
-                    (Enforced::Allow, false)
-                } else {
-                    let spec = (bucket.max_tokens, per_fill, every);
-                    (
-                        Enforced::Tokens {
-                            spec,
-                            tokens: f64::from(bucket.max_tokens),
-                            at: now,
-                        },
-                        true,
-                    )
-                }
-            }
-            // Envoy logs it as not supported and fails open.
-            Some(Strategy::RequestsPerTimeUnit(_)) => (Enforced::Allow, false),
-        };
-        self.expires = assignment
-            .assignment_time_to_live
-            .map(|ttl| now + std_duration(ttl));
-        let same = match (&self.enforced, &next) {
-            (Some(Enforced::Tokens { spec: old, .. }), Enforced::Tokens { spec: new, .. }) => {
-                old == new
-            }
-            (Some(old), new) => old == new,
-            (None, _) => false,
-        };
-        if !supported {
-            self.enforced = Some(next);
-            return Applied::Unsupported;
+        if !new || self.stream == StreamState::Lost {
+            return (admitted, None);
         }
-        if same {
-            return Applied::Extended;
-        }
-        self.enforced = Some(next);
-        Applied::Changed
-    }
-
-    /// The counts since the last report and the time they cover; starts the next period.
-    pub fn take_report(&mut self, now: Instant) -> (u64, u64, Duration) {
-        let report = (
-            self.allowed,
-            self.denied,
-            now.saturating_duration_since(self.reported_at),
-        );
-        self.allowed = 0;
-        self.denied = 0;
-        self.reported_at = now;
-        report
-    }
-}
-
-/// A protobuf duration as Envoy reads it: a negative or malformed one as zero.
-fn std_duration(duration: pbjson_types::Duration) -> Duration {
-    Duration::try_from(duration).unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::proto::rlqs::rate_limit_quota_response::bucket_action::QuotaAssignmentAction;
-    use crate::proto::types::{RateLimitStrategy, TokenBucket};
-
-    fn action(strategy: Strategy, ttl_s: i64) -> BucketAction {
-        BucketAction {
-            bucket_id: None,
-            bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-                assignment_time_to_live: Some(pbjson_types::Duration {
-                    seconds: ttl_s,
-                    nanos: 0,
-                }),
-                rate_limit_strategy: Some(RateLimitStrategy {
-                    strategy: Some(strategy),
-                }),
-            })),
-        }
-    }
-
-    fn tokens(max: u32, per_second: u32) -> Strategy {
-        Strategy::TokenBucket(TokenBucket {
-            max_tokens: max,
-            tokens_per_fill: Some(per_second.into()),
-            fill_interval: Some(pbjson_types::Duration {
-                seconds: 1,
-                nanos: 0,
+        let opens_stream = self.stream == StreamState::NotYet;
+        self.stream = StreamState::Open;
+        let usage = take_usage(id, bucket, now);
+        let report = self.message(vec![usage]);
+        (
+            admitted,
+            Some(Outgoing {
+                report,
+                opens_stream,
             }),
+        )
+    }
+
+    /// The periodic report, if due at `now`: every bucket held, counts zeroed. After a
+    /// loss it opens a new stream.
+    pub fn tick(&mut self, now: Instant) -> Option<Outgoing> {
+        if now < self.next_tick {
+            return None;
+        }
+        while self.next_tick <= now {
+            self.next_tick += REPORT_INTERVAL;
+        }
+        let mut ids: Vec<&Id> = self.buckets.keys().collect();
+        ids.sort_unstable();
+        let ids: Vec<Id> = ids.into_iter().cloned().collect();
+        let usages = ids
+            .iter()
+            .map(|id| take_usage(id, self.buckets.get_mut(id).expect("held"), now))
+            .collect();
+        let opens_stream = self.stream != StreamState::Open;
+        self.stream = StreamState::Open;
+        Some(Outgoing {
+            report: self.message(usages),
+            opens_stream,
         })
     }
 
-    #[test]
-    fn a_changed_bucket_starts_full_and_a_repeated_one_keeps_its_tokens() {
-        let start = Instant::now();
-        let mut bucket = EnvoyBucket::new(Fallback::Deny, Fallback::Deny, start);
-        assert!(!bucket.admit(start));
-        assert_eq!(
-            bucket.apply(&action(tokens(2, 1), 10), start),
-            Applied::Changed
-        );
-        assert!(bucket.admit(start) && bucket.admit(start) && !bucket.admit(start));
-        assert_eq!(
-            bucket.apply(&action(tokens(2, 1), 10), start),
-            Applied::Extended
-        );
-        assert!(!bucket.admit(start));
-        assert_eq!(
-            bucket.apply(&action(tokens(3, 1), 10), start),
-            Applied::Changed
-        );
-        assert!(bucket.admit(start));
-        // Refilled at one a second.
-        let later = start + Duration::from_secs(1);
-        assert!(bucket.admit(later) && bucket.admit(later) && bucket.admit(later));
-        assert!(!bucket.admit(later));
-        // Past the TTL, the expired behaviour.
-        assert!(!bucket.admit(start + Duration::from_secs(11)));
-        assert_eq!(bucket.take_report(later).0, 6);
+    /// The stream ended (an error, or the server closed it).
+    pub fn stream_lost(&mut self) {
+        self.stream = StreamState::Lost;
     }
 
-    #[test]
-    fn blanket_rules_and_unsupported_strategies() {
-        let now = Instant::now();
-        let mut bucket = EnvoyBucket::new(Fallback::Allow, Fallback::Allow, now);
-        let deny = Strategy::BlanketRule(BlanketRule::DenyAll as i32);
-        assert_eq!(bucket.apply(&action(deny, 10), now), Applied::Changed);
-        assert!(!bucket.admit(now));
-        let per_unit = Strategy::RequestsPerTimeUnit(Default::default());
-        assert_eq!(
-            bucket.apply(&action(per_unit, 10), now),
-            Applied::Unsupported
-        );
-        assert!(bucket.admit(now));
+    /// Applies every action of one answer, in order.
+    pub fn apply(&mut self, answer: &RateLimitQuotaResponse, now: Instant) -> Vec<Applied> {
+        answer
+            .bucket_action
+            .iter()
+            .map(|action| {
+                let Some(id) = action.bucket_id.as_ref().map(sorted) else {
+                    return Applied::Ignored;
+                };
+                match &action.bucket_action {
+                    Some(Action::AbandonAction(_)) => match self.buckets.remove(&id) {
+                        Some(_) => Applied::Abandoned,
+                        None => Applied::Ignored,
+                    },
+                    Some(Action::QuotaAssignmentAction(assignment)) => {
+                        let Some(bucket) = self.buckets.get_mut(&id) else {
+                            return Applied::Ignored;
+                        };
+                        let strategy = assignment
+                            .rate_limit_strategy
+                            .as_ref()
+                            .and_then(|strategy| strategy.strategy.as_ref());
+                        let ttl = whole_seconds(assignment.assignment_time_to_live);
+                        assign(bucket, strategy, ttl, now)
+                    }
+                    None => Applied::Ignored,
+                }
+            })
+            .collect()
+    }
+
+    fn message(&self, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: self.config.domain.clone(),
+            bucket_quota_usages: usages,
+        }
     }
 }
+
+/// Decides one request of `bucket` at `now`.
+fn decide(bucket: &mut Bucket, config: &EnvoyConfig, now: Instant) -> bool {
+    let blanket = |rule: Fallback| rule == Fallback::Allow;
+    let Some(assigned) = &mut bucket.assigned else {
+        return blanket(config.no_assignment);
+    };
+    if now >= assigned.expires {
+        return match config.expired {
+            Some((rule, timeout)) if now < assigned.expires + timeout => blanket(rule),
+            _ => blanket(config.no_assignment),
+        };
+    }
+    match &mut assigned.enforced {
+        Enforced::Allow => true,
+        Enforced::Deny => false,
+        Enforced::Tokens {
+            compared: (max, _, _),
+            rate,
+            tokens,
+            at,
+        } => {
+            if rate.is_infinite() {
+                return true;
+            }
+            let elapsed = now.saturating_duration_since(*at).as_secs_f64();
+            *tokens = (*tokens + elapsed * *rate).min(f64::from(*max));
+            *at = now;
+            if *tokens >= 1.0 {
+                *tokens -= 1.0;
+                true
+            } else {
+                false
+            }
+        }
+    }
+}
+
+/// Applies one assignment to a held bucket.
+fn assign(bucket: &mut Bucket, strategy: Option<&Strategy>, ttl: u64, now: Instant) -> Applied {
+    let expires = now + Duration::from_secs(ttl);
+    let enforced = match strategy {
+        Some(Strategy::BlanketRule(rule)) if *rule == BlanketRule::DenyAll as i32 => Enforced::Deny,
+        Some(Strategy::BlanketRule(_)) => Enforced::Allow,
+        Some(Strategy::TokenBucket(tokens)) => {
+            let per_fill = tokens.tokens_per_fill.map_or(0, |value| value.value);
+            let every = tokens.fill_interval.unwrap_or_default();
+            let seconds = every.seconds.max(0) as f64;
+            Enforced::Tokens {
+                compared: (tokens.max_tokens, per_fill, every.nanos),
+                // A division by whole seconds: 0 of them is an infinite rate.
+                rate: f64::from(per_fill) / seconds,
+                tokens: f64::from(tokens.max_tokens),
+                at: now,
+            }
+        }
+        Some(Strategy::RequestsPerTimeUnit(_)) | None => return Applied::Unsupported,
+    };
+    let same = match (bucket.assigned.map(|assigned| assigned.enforced), enforced) {
+        (Some(Enforced::Tokens { compared: old, .. }), Enforced::Tokens { compared: new, .. }) => {
+            old == new
+        }
+        (Some(old), new) => old == new,
+        (None, _) => false,
+    };
+    match &mut bucket.assigned {
+        Some(assigned) if same => {
+            assigned.expires = expires;
+            Applied::Extended
+        }
+        _ => {
+            bucket.assigned = Some(Assigned { enforced, expires });
+            Applied::Changed
+        }
+    }
+}
+
+/// The usage of one bucket since its last report, whole seconds, and starts the next.
+fn take_usage(id: &Id, bucket: &mut Bucket, now: Instant) -> BucketQuotaUsage {
+    let elapsed = now.saturating_duration_since(bucket.last_report).as_secs();
+    let usage = BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: id.iter().cloned().collect(),
+        }),
+        time_elapsed: Some(pbjson_types::Duration {
+            seconds: i64::try_from(elapsed).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        num_requests_allowed: bucket.allowed,
+        num_requests_denied: bucket.denied,
+    };
+    bucket.allowed = 0;
+    bucket.denied = 0;
+    bucket.last_report = now;
+    usage
+}
+
+/// A TTL as Envoy reads it: its whole seconds; unset or negative is 0 (expired at once).
+fn whole_seconds(duration: Option<pbjson_types::Duration>) -> u64 {
+    duration.map_or(0, |duration| u64::try_from(duration.seconds).unwrap_or(0))
+}
+
+/// A bucket id's pairs, sorted.
+fn sorted(id: &BucketId) -> Id {
+    let mut pairs: Id = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,9 +1,9 @@
 //! `floodgate bench --rlqs`: simulated Envoys on quota (RLQS) streams.
 //!
 //! Each stream is one Envoy: it offers `--rlqs-offered` requests a second to each of its
-//! `--rlqs-buckets` buckets, decides each request as Envoy's filter would
-//! ([`super::envoy_quota`]), reports every `--rlqs-report-interval`, and applies what the
-//! server pushes. Every stream reports the same bucket ids (`{--key: b<i>}`), so they split
+//! `--rlqs-buckets` buckets, decides each request as Envoy's filter would, reports as
+//! Envoy does (at once for a new bucket, then every 5 s), reopens a lost stream at its next
+//! report, and applies what the server pushes ([`super::envoy_quota`]). Every stream reports the same bucket ids (`{--key: b<i>}`), so they split
 //! one budget per bucket. The summary counts what all of them admitted per epoch-aligned
 //! window of each bucket, against `--rlqs-limit`, and the time from a report to its answer.
 
@@ -17,11 +17,10 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::BenchArgs;
-use super::envoy_quota::{Applied, EnvoyBucket};
+use super::envoy_quota::{self, EnvoyConfig, Id, Outgoing, SimulatedEnvoy};
 use crate::clock::{Clock, SystemClock};
 use crate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use crate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use crate::proto::rlqs::{BucketId, RateLimitQuotaUsageReports};
+use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 
 /// What one simulated Envoy saw.
 #[derive(Debug, Default)]
@@ -43,7 +42,7 @@ pub struct QuotaSummary {
     pub buckets: usize,
     /// Requests offered per second per stream and bucket.
     pub offered_per_s: f64,
-    /// Reporting interval, ms.
+    /// Reporting interval, ms (Envoy's, fixed).
     pub report_interval_ms: u64,
     /// Window the admitted counts are per, ms.
     pub window_ms: u64,
@@ -175,95 +174,108 @@ fn epoch_ms() -> u64 {
     u64::try_from(SystemClock.now_ms()).unwrap_or(0)
 }
 
+/// One open quota stream of a simulated Envoy.
+struct Open {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    answers: tonic::Streaming<RateLimitQuotaResponse>,
+}
+
+impl Open {
+    async fn start(channel: &Channel) -> Result<Open, String> {
+        let (reports, receiver) = mpsc::channel(16);
+        let answers = RateLimitQuotaServiceClient::new(channel.clone())
+            .stream_rate_limit_quotas(ReceiverStream::new(receiver))
+            .await
+            .map_err(|status| status.to_string())?
+            .into_inner();
+        Ok(Open { reports, answers })
+    }
+
+    /// The next answer, or `None` once the stream has ended (with its error, if any).
+    async fn answer(&mut self) -> Result<Option<RateLimitQuotaResponse>, String> {
+        self.answers
+            .message()
+            .await
+            .map_err(|status| status.to_string())
+    }
+}
+
 /// One simulated Envoy until `--duration` has passed since `start`.
 async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) -> Seen {
     let mut seen = Seen::default();
-    let (reports, receiver) = mpsc::channel(16);
-    let mut client = RateLimitQuotaServiceClient::new(channel);
-    let mut answers = match client
-        .stream_rate_limit_quotas(ReceiverStream::new(receiver))
-        .await
-    {
-        Ok(answers) => answers.into_inner(),
-        Err(status) => {
-            seen.error = Some(status.to_string());
-            return seen;
-        }
+    let config = EnvoyConfig {
+        domain: args.domain.clone(),
+        no_assignment: args.rlqs_no_assignment,
+        expired: None,
     };
-    let ids: Vec<BucketId> = (0..args.rlqs_buckets)
-        .map(|bucket| BucketId {
-            bucket: HashMap::from([(args.key.clone(), format!("b{bucket}"))]),
-        })
+    // Envoys start at different moments: spread their ticks over one interval.
+    let phase = envoy_quota::REPORT_INTERVAL.mul_f64((index as f64 * 0.618_034).fract());
+    let mut client = SimulatedEnvoy::new(config, start + phase - envoy_quota::REPORT_INTERVAL);
+    let ids: Vec<Id> = (0..args.rlqs_buckets)
+        .map(|bucket| vec![(args.key.clone(), format!("b{bucket}"))])
         .collect();
-    let mut buckets: Vec<EnvoyBucket> = (0..args.rlqs_buckets)
-        .map(|_| EnvoyBucket::new(args.rlqs_no_assignment, args.rlqs_no_assignment, start))
-        .collect();
-    let index_of: HashMap<String, usize> = (0..args.rlqs_buckets)
-        .map(|bucket| (format!("b{bucket}"), bucket))
-        .collect();
-    let interval = args.rlqs_report_interval;
+    let mut open: Option<Open> = None;
+    let mut pending: VecDeque<Instant> = VecDeque::new();
     let step = if args.rlqs_streams > 100 {
         Duration::from_millis(20)
     } else {
         Duration::from_millis(5)
     };
-    // Envoys start at different moments: spread the reports over one interval.
-    let phase = interval.mul_f64((index as f64 * 0.618_034).fract());
-    let mut next_report = start + phase;
-    let mut pending: VecDeque<Instant> = VecDeque::new();
     let (mut owed, mut last) = (0.0, start);
     let end = start + args.duration;
-    let mut first = true;
     let mut ticker = tokio::time::interval(step);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while Instant::now() < end {
-        tokio::select! {
-            answer = answers.message() => {
-                let answer = match answer {
-                    Ok(Some(answer)) => answer,
-                    Ok(None) => break,
-                    Err(status) => {
-                        seen.error = Some(status.to_string());
-                        break;
-                    }
-                };
-                let now = Instant::now();
-                if let Some(sent) = pending.pop_front() {
-                    seen.latencies.push(now - sent);
-                }
-                for action in &answer.bucket_action {
-                    let bucket = action
-                        .bucket_id
-                        .as_ref()
-                        .and_then(|id| id.bucket.get(&args.key))
-                        .and_then(|value| index_of.get(value));
-                    if let Some(&bucket) = bucket {
-                        let applied = buckets[bucket].apply(action, now);
-                        *seen.applied.entry(label(applied)).or_default() += 1;
-                    }
-                }
+        let answer = async {
+            match open.as_mut() {
+                Some(stream) => stream.answer().await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            answer = answer => match answer {
+                Ok(Some(answer)) => {
+                    let now = Instant::now();
+                    if let Some(sent) = pending.pop_front() {
+                        seen.latencies.push(now - sent);
+                    }
+                    for applied in client.apply(&answer, now) {
+                        *seen.applied.entry(applied.label()).or_default() += 1;
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    if let Err(error) = answer {
+                        seen.error.get_or_insert(error);
+                    }
+                    open = None;
+                    pending.clear();
+                    client.stream_lost();
+                }
+            },
             _ = ticker.tick() => {
                 let now = Instant::now();
                 owed += args.rlqs_offered.per_second() * (now - last).as_secs_f64();
                 last = now;
                 let window = epoch_ms() / args.rlqs_window.as_millis().max(1) as u64;
+                let mut outgoing = Vec::new();
                 while owed >= 1.0 {
                     owed -= 1.0;
-                    for (bucket, envoy) in buckets.iter_mut().enumerate() {
-                        if envoy.admit(now) {
+                    for (bucket, id) in ids.iter().enumerate() {
+                        let (admitted, report) = client.request(id, now);
+                        if admitted {
                             *seen.admitted.entry((bucket, window)).or_default() += 1;
                         } else {
                             seen.denied += 1;
                         }
+                        outgoing.extend(report);
                     }
                 }
-                if now >= next_report {
-                    next_report += interval;
-                    let report = report(&args, &ids, &mut buckets, now, first);
-                    first = false;
-                    if reports.send(report).await.is_err() {
-                        break;
+                outgoing.extend(client.tick(now));
+                for report in outgoing {
+                    if let Err(error) = send(&channel, &mut open, report).await {
+                        seen.error.get_or_insert(error);
+                        client.stream_lost();
+                        continue;
                     }
                     pending.push_back(now);
                 }
@@ -273,46 +285,17 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
     seen
 }
 
-/// The report of every bucket of one Envoy.
-fn report(
-    args: &BenchArgs,
-    ids: &[BucketId],
-    buckets: &mut [EnvoyBucket],
-    now: Instant,
-    first: bool,
-) -> RateLimitQuotaUsageReports {
-    RateLimitQuotaUsageReports {
-        domain: if first {
-            args.domain.clone()
-        } else {
-            String::new()
-        },
-        bucket_quota_usages: buckets
-            .iter_mut()
-            .zip(ids)
-            .enumerate()
-            .map(|(i, (bucket, id))| {
-                let (allowed, denied, elapsed) = bucket.take_report(now);
-                let usage = BucketQuotaUsage {
-                    bucket_id: Some(id.clone()),
-                    time_elapsed: Some(elapsed.into()),
-                    num_requests_allowed: allowed,
-                    num_requests_denied: denied,
-                    last_report: None,
-                };
-                (i as u64, usage)
-            })
-            .collect(),
+/// Sends one report, opening the stream first when the report says so.
+async fn send(channel: &Channel, open: &mut Option<Open>, report: Outgoing) -> Result<(), String> {
+    if report.opens_stream || open.is_none() {
+        *open = Some(Open::start(channel).await?);
     }
-}
-
-fn label(applied: Applied) -> &'static str {
-    match applied {
-        Applied::Changed => "changed",
-        Applied::Extended => "extended",
-        Applied::Abandoned => "abandoned",
-        Applied::Unsupported => "unsupported",
-    }
+    let stream = open.as_ref().expect("opened above");
+    stream
+        .reports
+        .send(report.report)
+        .await
+        .map_err(|_| "the stream closed".to_owned())
 }
 
 fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
@@ -356,7 +339,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
         streams: args.rlqs_streams,
         buckets: args.rlqs_buckets,
         offered_per_s: args.rlqs_offered.per_second(),
-        report_interval_ms: args.rlqs_report_interval.as_millis() as u64,
+        report_interval_ms: envoy_quota::REPORT_INTERVAL.as_millis() as u64,
         window_ms,
         limit: args.rlqs_limit,
         admitted_per_window: Spread::of(&steady),

@@ -1,0 +1,186 @@
+"""One RLQS stream through envoy-data-plane's generated messages and its grpclib stub.
+
+Usage: rlqs_check.py TARGET DOMAIN
+       rlqs_check.py --encode
+TARGET is `127.0.0.1:PORT` or `unix:/path`. On one StreamRateLimitQuotas stream it sends the
+two reports Envoy's rate_limit_quota filter sends: the immediate report of a new bucket
+(time_elapsed 0 s), then a periodic one holding every bucket, an idle one included. It waits
+up to 10 s after each for an action on every bucket just reported, half-closes, and waits for
+the server to end the stream. Prints one JSON line, {"actions": [...]}, the last action seen
+per bucket, and exits 0; prints the gRPC error to stderr and exits 1; exits 2 on a timeout.
+`--encode` prints the periodic report's bytes in hex, for a decoder to check against.
+
+Every byte is encoded and decoded by betterproto2 code generated from Envoy's own protos, so
+the test checks the wire shape against code this project did not write. betterproto2 turns
+durations into `datetime.timedelta`: nanos are seen to the microsecond only.
+"""
+
+import asyncio
+import datetime
+import json
+import sys
+
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from envoy_data_plane.envoy.service.rate_limit_quota.v3 import (
+    BucketId,
+    RateLimitQuotaServiceAsyncStub,
+    RateLimitQuotaUsageReports,
+    RateLimitQuotaUsageReportsBucketQuotaUsage,
+)
+from envoy_data_plane.envoy.type.v3 import RateLimitStrategyBlanketRule
+
+TIMEOUT = 10
+ENCODE_DOMAIN = "clients-rlqs"
+
+
+def usage(api_key, elapsed, allowed, denied):
+    return RateLimitQuotaUsageReportsBucketQuotaUsage(
+        bucket_id=BucketId(bucket={"api_key": api_key}),
+        time_elapsed=datetime.timedelta(seconds=elapsed),
+        num_requests_allowed=allowed,
+        num_requests_denied=denied,
+    )
+
+
+def immediate_report(domain):
+    return RateLimitQuotaUsageReports(
+        domain=domain, bucket_quota_usages=[usage("py-1", 0, 1, 0)]
+    )
+
+
+def periodic_report(domain):
+    return RateLimitQuotaUsageReports(
+        domain=domain,
+        bucket_quota_usages=[
+            usage("py-1", 5, 3, 0),
+            usage("py-2", 0, 1, 0),
+            usage("py-3", 5, 0, 0),
+        ],
+    )
+
+
+def key(bucket_id):
+    return tuple(sorted(bucket_id.bucket.items()))
+
+
+def split(delta):
+    """(seconds, nanos) of a Duration, both with its sign; (0, 0) when unset."""
+    if delta is None:
+        return 0, 0
+    micros = delta // datetime.timedelta(microseconds=1)
+    seconds, rest = divmod(abs(micros), 1_000_000)
+    sign = -1 if micros < 0 else 1
+    return sign * seconds, sign * rest * 1000
+
+
+def describe(action):
+    """One action as JSON. betterproto2 leaves an unset message or oneof member None (an
+    explicit ALLOW_ALL is 0, not None) and unwraps a UInt32Value to a plain int."""
+    assignment = action.quota_assignment_action
+    strategy = assignment.rate_limit_strategy if assignment is not None else None
+    ttl = split(assignment.assignment_time_to_live if assignment is not None else None)
+    out = {
+        "bucket": dict(action.bucket_id.bucket),
+        "kind": "none",
+        "ttl_seconds": ttl[0],
+        "ttl_nanos": ttl[1],
+        "max_tokens": None,
+        "tokens_per_fill": None,
+        "fill_seconds": None,
+        "fill_nanos": None,
+    }
+    if action.abandon_action is not None:
+        out["kind"] = "abandon"
+    elif strategy is None:
+        pass
+    elif strategy.token_bucket is not None:
+        bucket = strategy.token_bucket
+        out["kind"] = "token_bucket"
+        out["max_tokens"] = bucket.max_tokens
+        out["tokens_per_fill"] = bucket.tokens_per_fill
+        if bucket.fill_interval is not None:
+            out["fill_seconds"], out["fill_nanos"] = split(bucket.fill_interval)
+    elif strategy.blanket_rule is not None:
+        deny = strategy.blanket_rule == RateLimitStrategyBlanketRule.DENY_ALL
+        out["kind"] = "deny_all" if deny else "allow_all"
+    elif strategy.requests_per_time_unit is not None:
+        out["kind"] = "requests_per_time_unit"
+    return out
+
+
+def channel_for(target):
+    if target.startswith("unix:"):
+        return Channel(path=target[len("unix:") :])
+    host, port = target.rsplit(":", 1)
+    return Channel(host=host.strip("[]"), port=int(port))
+
+
+async def converse(target, domain):
+    channel = channel_for(target)
+    outgoing = asyncio.Queue()
+
+    async def reports():
+        # None ends our side of the stream; the server then ends its own.
+        while (report := await outgoing.get()) is not None:
+            yield report
+
+    answers = RateLimitQuotaServiceAsyncStub(channel).stream_rate_limit_quotas(reports())
+    last = {}
+
+    async def until(wanted):
+        """Reads answers until every id in `wanted` got an action in one of them."""
+        seen = set()
+        while not wanted <= seen:
+            try:
+                answer = await answers.__anext__()
+            except StopAsyncIteration:
+                raise RuntimeError("the server ended the stream before answering") from None
+            for action in answer.bucket_action:
+                if action.bucket_id is not None:
+                    seen.add(key(action.bucket_id))
+                    last[key(action.bucket_id)] = action
+
+    async def drain():
+        async for answer in answers:
+            for action in answer.bucket_action:
+                if action.bucket_id is not None:
+                    last[key(action.bucket_id)] = action
+
+    try:
+        outgoing.put_nowait(immediate_report(domain))
+        await asyncio.wait_for(until({(("api_key", "py-1"),)}), TIMEOUT)
+        periodic = periodic_report(domain)
+        outgoing.put_nowait(periodic)
+        every = {key(item.bucket_id) for item in periodic.bucket_quota_usages}
+        await asyncio.wait_for(until(every), TIMEOUT)
+        outgoing.put_nowait(None)
+        await asyncio.wait_for(drain(), TIMEOUT)
+    finally:
+        channel.close()
+    return [describe(action) for action in last.values()]
+
+
+def main():
+    if sys.argv[1:] == ["--encode"]:
+        print(bytes(periodic_report(ENCODE_DOMAIN)).hex())
+        return 0
+    target, domain = sys.argv[1:3]
+    try:
+        actions = asyncio.run(converse(target, domain))
+    except GRPCError as error:
+        print(f"{error.status.name}: {error.message}", file=sys.stderr)
+        return 1
+    except asyncio.TimeoutError:
+        print(f"no complete answer within {TIMEOUT} s", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError, ProtocolError, StreamTerminatedError) as error:
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({"actions": actions}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

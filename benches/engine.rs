@@ -143,7 +143,10 @@ fn matcher(c: &mut Criterion) {
 
 /// Whether `limiter` decided `request` (no deadline, no connection: as a direct caller).
 async fn decided(limiter: &Limiter, request: &Request) -> bool {
-    limiter.should_rate_limit(request, None, None).await.is_ok()
+    limiter
+        .should_rate_limit(request, floodgate::overload::Caller::default())
+        .await
+        .is_ok()
 }
 
 fn limiter(c: &mut Criterion) {

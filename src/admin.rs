@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 
 use crate::health::Health;
 use crate::limiter::Limiter;
+use crate::overload::Caller;
 use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_response::Code as ProtoCode;
 use crate::rules::Limit;
@@ -76,7 +77,7 @@ async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
             return bad_request(format!("invalid RateLimitRequest JSON: {error}"));
         }
     };
-    match state.service.decide(&request, None, None).await {
+    match state.service.decide(&request, Caller::default()).await {
         Ok(response) => {
             let status = if response.overall_code == ProtoCode::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

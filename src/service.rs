@@ -26,7 +26,7 @@ use crate::limiter::{
 };
 use crate::metrics::Metrics;
 use crate::otel;
-use crate::overload::{Admission, Arrival, ConnectionId, Deadline, ShedReason};
+use crate::overload::{Admission, Arrival, Caller, Deadline, ShedReason};
 use crate::proto::core::HeaderValue;
 use crate::proto::rls::rate_limit_response::{
     Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
@@ -133,30 +133,25 @@ impl RlsService {
         &self,
         metadata: &MetadataMap,
         request: &RateLimitRequest,
-        deadline: Option<Deadline>,
-        connection: Option<ConnectionId>,
+        caller: Caller,
     ) -> Result<RateLimitResponse, DecideError> {
         use tracing::Instrument;
         let headers = MetadataExtractor(metadata);
         let span =
             otel::should_rate_limit_span(&headers, &request.domain, request.descriptors.len());
-        let result = self
-            .decide(request, deadline, connection)
-            .instrument(span.clone())
-            .await;
+        let result = self.decide(request, caller).instrument(span.clone()).await;
         otel::record_code(&span, decision_code(&result));
         result
     }
 
-    /// Validates, decides and encodes one request, which came on `connection` where known.
+    /// Validates, decides and encodes one request for `caller`.
     ///
     /// # Errors
     /// `Invalid` for bad input, `Unavailable` for a backend failure under `--failure-mode error`.
     pub async fn decide(
         &self,
         request: &RateLimitRequest,
-        deadline: Option<Deadline>,
-        connection: Option<ConnectionId>,
+        caller: Caller,
     ) -> Result<RateLimitResponse, DecideError> {
         let metrics = self.limiter.metrics();
         #[allow(
@@ -175,10 +170,7 @@ impl RlsService {
             let parsed = to_request(request).inspect_err(|_| {
                 metrics.invalid_requests.inc();
             })?;
-            let decided = self
-                .limiter
-                .should_rate_limit(&parsed, deadline, connection)
-                .await?;
+            let decided = self.limiter.should_rate_limit(&parsed, caller).await?;
             let mut response = to_proto_response(&decided, self.header_mode);
             if self.dynamic_metadata {
                 response.dynamic_metadata = Some(dynamic_metadata::build(request, &decided));
@@ -227,12 +219,15 @@ impl RateLimitService for RlsService {
             }
             _ => None,
         };
-        let connection = arrival.map(|arrival| arrival.connection.id());
+        let caller = Caller {
+            deadline,
+            connection: arrival.map(|arrival| arrival.connection.id()),
+        };
         let response = if self.traced {
-            self.decide_traced(request.metadata(), request.get_ref(), deadline, connection)
+            self.decide_traced(request.metadata(), request.get_ref(), caller)
                 .await?
         } else {
-            self.decide(request.get_ref(), deadline, connection).await?
+            self.decide(request.get_ref(), caller).await?
         };
         if deadline.is_some_and(|deadline| deadline.passed(Instant::now())) {
             // The caller has given up: no answer is encoded for it.

@@ -88,3 +88,53 @@ fn every_module_uses_only_modules_below_it() {
         upward.join("\n")
     );
 }
+
+/// Every decision and every quota booking goes through the limiter (its deadline, spans,
+/// metrics and overload rules): outside `backend` itself, only `limiter`, `server` (which
+/// builds the backend) and `health` (which pings it) name the `Backend` trait.
+#[test]
+fn only_the_limiter_reaches_the_backend() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    files(&src, &mut paths);
+    let allowed = ["backend", "limiter", "server.rs", "health.rs"];
+    let mut reaching = Vec::new();
+    for path in paths {
+        let relative = path.strip_prefix(&src).expect("under src");
+        let top = relative.components().next().expect("a component");
+        if allowed.contains(&top.as_os_str().to_string_lossy().as_ref()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        // Where the trait can be named: an import from `crate::backend` (to its `;`, however
+        // rustfmt wraps it), or a trait object.
+        let imports = code
+            .match_indices("crate::backend")
+            .map(|(at, _)| code[at..].split(';').next().unwrap_or_default());
+        let objects = code
+            .match_indices("dyn Backend")
+            .map(|(at, _)| &code[at..at + "dyn Backend".len() + 1]);
+        for text in imports.chain(objects) {
+            let names_trait = text.match_indices("Backend").any(|(at, _)| {
+                let before = text[..at].chars().next_back();
+                let after = text[at + "Backend".len()..].chars().next();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if names_trait {
+                reaching.push(format!("{}: {}", relative.display(), text.trim()));
+            }
+        }
+    }
+    assert!(
+        reaching.is_empty(),
+        "the backend reached around the limiter:\n{}",
+        reaching.join("\n")
+    );
+}

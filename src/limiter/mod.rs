@@ -25,7 +25,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::matcher::{Matched, Matcher};
 use crate::metrics::{Metrics, RuleCounters};
 use crate::otel;
-use crate::overload::{self, ConnectionId, Deadline, ShedReason};
+use crate::overload::{self, Caller, ShedReason};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
@@ -387,8 +387,8 @@ impl Limiter {
         &self.metrics
     }
 
-    /// Decides a validated request. `deadline` is the caller's; backend work never outlives
-    /// it nor `backend_timeout`. `connection` is the one it came on, where known.
+    /// Decides a validated request for `caller`: backend work never outlives its deadline
+    /// nor `backend_timeout`, and a backend queue serves its connection in turn.
     ///
     /// All-or-nothing: the backend decides the request's charges as one group, and when the
     /// request ends over limit none of its `reject` bookings stand (docs/requests.md).
@@ -398,11 +398,13 @@ impl Limiter {
     pub async fn should_rate_limit(
         &self,
         request: &Request,
-        deadline: Option<Deadline>,
-        connection: Option<ConnectionId>,
+        caller: Caller,
     ) -> Result<Response, LimitError> {
-        let work_ends =
-            overload::work_ends_within(deadline, Instant::now(), self.options.backend_timeout);
+        let work_ends = overload::work_ends_within(
+            caller.deadline,
+            Instant::now(),
+            self.options.backend_timeout,
+        );
         let mut slots: Vec<Slot> = {
             let rules = self.rules.load();
             self.plan(&rules, request)
@@ -433,8 +435,8 @@ impl Limiter {
                 prior,
                 admit: self.options.shadow_mode,
                 keep_on_failure: self.options.failure_mode == FailureMode::Allow,
-                deadline,
-                connection,
+                deadline: caller.deadline,
+                connection: caller.connection,
             };
             let asked_at = Instant::now();
             match self.backend_call(work_ends, &group).await {

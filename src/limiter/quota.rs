@@ -1,11 +1,14 @@
 //! What the quota service (RLQS) needs of the limiter: a bucket id resolved against the
-//! rules in force to the same backend bucket ShouldRateLimit charges, and that backend.
+//! rules in force to the same backend bucket ShouldRateLimit charges, and the bookings of
+//! its reports, made the way ShouldRateLimit's charges are.
 
 use std::sync::Arc;
-use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::Limiter;
-use crate::backend::{Backend, BucketKey};
+use crate::backend::{BackendError, BucketKey, Charge, Group, Outcome};
+use crate::overload::{self, Caller};
 use crate::rules::{Limit, Policy, Rule};
 
 /// What a quota bucket id resolves to.
@@ -69,13 +72,29 @@ impl Limiter {
         }))
     }
 
-    /// The backend every rule charges.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
-    }
-
-    /// The bound on one backend call (`--backend-timeout-ms`).
-    pub fn backend_timeout(&self) -> Duration {
-        self.options.backend_timeout
+    /// Applies a quota stream's charges for `caller`, each booking standing on its own,
+    /// through the backend call ShouldRateLimit makes: bounded by the caller's deadline and
+    /// `--backend-timeout`, in a span, timed, its failures counted, refused at once by a
+    /// backend queue that cannot answer in time, and queued in turn with the caller's
+    /// connection.
+    ///
+    /// # Errors
+    /// The backend failed, timed out or refused the work.
+    pub async fn quota_charges(
+        &self,
+        charges: &[Charge],
+        caller: Caller,
+    ) -> Result<Vec<Outcome>, BackendError> {
+        let group = Group {
+            deadline: caller.deadline,
+            connection: caller.connection,
+            ..Group::independent(charges)
+        };
+        let work_ends = overload::work_ends_within(
+            caller.deadline,
+            Instant::now(),
+            self.options.backend_timeout,
+        );
+        self.backend_call(work_ends, &group).await
     }
 }

@@ -78,7 +78,7 @@ impl Fixture {
             descriptors,
         };
         self.limiter
-            .should_rate_limit(&request, None, None)
+            .should_rate_limit(&request, Caller::default())
             .await
             .expect("memory backend never fails")
     }

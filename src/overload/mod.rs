@@ -39,11 +39,13 @@
 
 mod admission;
 mod arrival;
+mod caller;
 mod deadline;
 mod standing;
 
 pub use admission::{Admission, DEFAULT_TARGET_LATENCY, MAX_IN_FLIGHT, Permit, QueueWait};
 pub use arrival::{Arrival, ConnectionId, ConnectionLoad, ReceiveStamp, Stamped};
+pub use caller::Caller;
 pub use deadline::{Deadline, ROOM_PER_WAIT, parse_grpc_timeout, work_ends_within};
 
 /// Why a call was answered without being served (the `reason` of `floodgate_shed`).

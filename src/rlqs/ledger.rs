@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Bucket;
-use crate::backend::{Backend, BackendError, Charge, Group, Outcome};
-use crate::limiter::{QuotaBucket, always_over};
+use crate::backend::{BackendError, Charge, Outcome};
+use crate::limiter::{Limiter, QuotaBucket, always_over};
+use crate::overload::Caller;
 use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 
 use super::assign::Budget;
@@ -50,33 +51,38 @@ pub struct Reading {
     pub total_demand: u64,
 }
 
-/// Books reports and reads budgets, each backend call bounded by `timeout`.
+/// Books reports and reads budgets through the limiter, as ShouldRateLimit's charges go.
 #[derive(Clone)]
 pub struct Ledger {
-    backend: Arc<dyn Backend>,
-    timeout: Duration,
+    limiter: Arc<Limiter>,
 }
 
 impl Ledger {
-    /// A ledger over `backend`.
-    pub fn new(backend: Arc<dyn Backend>, timeout: Duration) -> Ledger {
-        Ledger { backend, timeout }
+    /// A ledger over `limiter`'s backend.
+    pub fn new(limiter: Arc<Limiter>) -> Ledger {
+        Ledger { limiter }
     }
 
     /// Books `allowed` requests into the bucket, saturating at its limit: they already
     /// happened, so they are neither refused nor refunded, and never push the bucket into
     /// debt. Books `demand` into the demand counter. `allowed = demand = 0` only reads.
+    /// Every backend call is made for `caller`.
     ///
     /// # Errors
-    /// The backend failed or timed out; nothing is known about what was booked.
+    /// The backend failed, timed out or refused the work; nothing is known about what was
+    /// booked.
     pub async fn book(
         &self,
         quota: &QuotaBucket,
         allowed: u64,
         demand: u64,
+        caller: Caller,
     ) -> Result<Reading, BackendError> {
+        let call = |charges: Vec<Charge>| async move {
+            self.limiter.quota_charges(&charges, caller).await
+        };
         if quota.policy.requests_per_unit == 0 {
-            let outcomes = self.call(vec![self.demand(quota, demand)]).await?;
+            let outcomes = call(vec![self.demand(quota, demand)]).await?;
             return Ok(Reading {
                 budget: budget(&always_over(&quota.policy)),
                 total_demand: counted(outcomes[0].remaining),
@@ -85,9 +91,7 @@ impl Ledger {
         // A lockout rule starts its lock on a denial, so never try what may not fit.
         let direct = allowed > 0 && quota.policy.lockout.is_none();
         let first = if direct { allowed } else { 0 };
-        let outcomes = self
-            .call(vec![self.charge(quota, first), self.demand(quota, demand)])
-            .await?;
+        let outcomes = call(vec![self.charge(quota, first), self.demand(quota, demand)]).await?;
         let total_demand = counted(outcomes[1].remaining);
         let mut state = outcomes[0];
         // Whether `state` is a peek (it then says whether one more fits, and when it will).
@@ -98,7 +102,7 @@ impl Ledger {
                 break;
             }
             if !peeked {
-                state = self.peek(quota).await?;
+                state = call(vec![self.charge(quota, 0)]).await?[0];
                 peeked = true;
             }
             let fits = left.min(state.remaining);
@@ -106,7 +110,7 @@ impl Ledger {
                 break;
             }
             // Others may have booked since the peek; then peek again.
-            let booked = self.call(vec![self.charge(quota, fits)]).await?[0];
+            let booked = call(vec![self.charge(quota, fits)]).await?[0];
             peeked = false;
             if booked.allowed {
                 left -= fits;
@@ -116,16 +120,12 @@ impl Ledger {
         // A booking's reset is not "until one more fits"; a spent bucket needs that one.
         let open = state.allowed && state.remaining > 0;
         if !peeked && !open {
-            state = self.peek(quota).await?;
+            state = call(vec![self.charge(quota, 0)]).await?[0];
         }
         Ok(Reading {
             budget: budget(&state),
             total_demand,
         })
-    }
-
-    async fn peek(&self, quota: &QuotaBucket) -> Result<Outcome, BackendError> {
-        Ok(self.call(vec![self.charge(quota, 0)]).await?[0])
     }
 
     fn charge(&self, quota: &QuotaBucket, cost: u64) -> Charge {
@@ -142,21 +142,6 @@ impl Ledger {
             policy: demand_policy(),
             cost,
         }
-    }
-
-    async fn call(&self, charges: Vec<Charge>) -> Result<Vec<Outcome>, BackendError> {
-        let group = Group::independent(&charges);
-        let outcomes = tokio::time::timeout(self.timeout, self.backend.decide(&group))
-            .await
-            .map_err(|_| BackendError::Timeout)??;
-        if outcomes.len() != charges.len() {
-            return Err(BackendError::failed(format!(
-                "{} outcomes for {} charges",
-                outcomes.len(),
-                charges.len()
-            )));
-        }
-        Ok(outcomes)
     }
 }
 
@@ -198,21 +183,29 @@ impl OwnDemand {
 
 /// A stream's share of a bucket: its demand rate (`own_rate` a second) over everyone's,
 /// the others' read from the shared counter (`total`) less its own counter
-/// (`own_count`). The stream counts at least one request per demand window, so a quiet
+/// (`own_count`), over the time the counters hold: the demand window, or less while the
+/// stream's own counter holds less than a window (every stream new), as its own count over
+/// its own rate says. The stream counts at least one request per demand window, so a quiet
 /// stream still gets room for its next one.
 pub fn share(own_rate: f64, own_count: u64, total: u64) -> f64 {
     let window = DEMAND_WINDOW.as_secs_f64();
     let own = own_rate.max(1.0 / window);
-    let others = total.saturating_sub(own_count) as f64 / window;
+    let held = if own_rate > 0.0 {
+        (own_count as f64 / own_rate).clamp(1.0, window)
+    } else {
+        window
+    };
+    let others = total.saturating_sub(own_count) as f64 / held;
     own / (others + own)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::memory::MemoryBackend;
     use crate::clock::ManualClock;
-    use crate::limiter::{Limiter, LimiterOptions, QuotaRule};
+    use crate::limiter::{LimiterOptions, QuotaRule};
     use crate::matcher::Matcher;
     use crate::metrics::Metrics;
 
@@ -228,17 +221,17 @@ descriptors:
 ";
 
     /// A ledger on a memory backend whose clock reads one second into an hour.
-    fn fixture() -> (Ledger, Limiter) {
+    fn fixture() -> (Ledger, Arc<Limiter>) {
         let clock = Arc::new(ManualClock::new(3_600_000 * 500_000 + 1000));
         let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(1000, clock));
         let domain = crate::config::parse_domain("d.yaml", RULES).expect("rules parse");
-        let limiter = Limiter::new(
+        let limiter = Arc::new(Limiter::new(
             Matcher::new(vec![domain]),
-            Arc::clone(&backend),
+            backend,
             Arc::new(Metrics::new()),
             LimiterOptions::default(),
-        );
-        (Ledger::new(backend, Duration::from_secs(1)), limiter)
+        ));
+        (Ledger::new(Arc::clone(&limiter)), limiter)
     }
 
     fn quota(limiter: &Limiter, key: &str) -> Box<QuotaBucket> {
@@ -253,15 +246,21 @@ descriptors:
     async fn reports_book_up_to_the_limit_and_never_past_it() {
         let (ledger, limiter) = fixture();
         let window = quota(&limiter, "window");
-        let some = ledger.book(&window, 4, 4).await.unwrap();
+        let some = ledger.book(&window, 4, 4, Caller::default()).await.unwrap();
         assert_eq!((some.budget.open, some.budget.remaining), (true, 6));
-        let spent = ledger.book(&window, 100, 100).await.unwrap();
+        let spent = ledger
+            .book(&window, 100, 100, Caller::default())
+            .await
+            .unwrap();
         assert_eq!((spent.budget.open, spent.budget.remaining), (false, 0));
         assert_eq!(spent.budget.reset, Duration::from_secs(3599));
         // A token bucket is left empty, not in debt: one request fits again after one
         // refill period (6 minutes at 10 an hour), not after 9 hours.
         let tokens = quota(&limiter, "tokens");
-        let empty = ledger.book(&tokens, 100, 0).await.unwrap();
+        let empty = ledger
+            .book(&tokens, 100, 0, Caller::default())
+            .await
+            .unwrap();
         assert!(!empty.budget.open);
         assert_eq!(empty.budget.reset, Duration::from_secs(360));
     }
@@ -270,7 +269,7 @@ descriptors:
     async fn booking_past_a_lockout_rule_does_not_start_its_lock() {
         let (ledger, limiter) = fixture();
         let locked = quota(&limiter, "locked");
-        let spent = ledger.book(&locked, 5, 5).await.unwrap();
+        let spent = ledger.book(&locked, 5, 5, Caller::default()).await.unwrap();
         assert!(!spent.budget.open);
         // Denied until the window ends, not for the 600 s lockout.
         assert_eq!(spent.budget.reset, Duration::from_secs(3599));
@@ -280,10 +279,24 @@ descriptors:
     async fn demand_adds_up_over_every_stream() {
         let (ledger, limiter) = fixture();
         let window = quota(&limiter, "window");
-        assert_eq!(ledger.book(&window, 0, 5).await.unwrap().total_demand, 5);
-        assert_eq!(ledger.book(&window, 0, 7).await.unwrap().total_demand, 12);
+        assert_eq!(
+            ledger
+                .book(&window, 0, 5, Caller::default())
+                .await
+                .unwrap()
+                .total_demand,
+            5
+        );
+        assert_eq!(
+            ledger
+                .book(&window, 0, 7, Caller::default())
+                .await
+                .unwrap()
+                .total_demand,
+            12
+        );
         // A read books nothing.
-        let read = ledger.book(&window, 0, 0).await.unwrap();
+        let read = ledger.book(&window, 0, 0, Caller::default()).await.unwrap();
         assert_eq!((read.total_demand, read.budget.remaining), (12, 10));
     }
 
@@ -295,5 +308,7 @@ descriptors:
         assert_eq!(share(0.0, 0, 9), 0.1 / 1.0);
         // A total that lags the stream's own count (another clock) leaves it all.
         assert_eq!(share(3.0, 30, 20), 1.0);
+        // Every stream new: 4 s of demand held, 20/s of its own and as much of another.
+        assert_eq!(share(20.0, 80, 160), 0.5);
     }
 }

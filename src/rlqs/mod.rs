@@ -79,7 +79,7 @@ impl QuotaService {
     /// Serves quota streams over `limiter`'s rules and backend until `stop` turns true,
     /// which ends every open stream (so a shutdown can drain).
     pub fn new(limiter: Arc<Limiter>, settings: RlqsSettings, stop: watch::Receiver<bool>) -> Self {
-        let ledger = Ledger::new(Arc::clone(limiter.backend()), limiter.backend_timeout());
+        let ledger = Ledger::new(Arc::clone(&limiter));
         let metrics = limiter.metrics().rlqs.clone();
         QuotaService {
             shared: Arc::new(Shared {

@@ -19,7 +19,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::limiter::{FailureMode, Limiter, QuotaRule};
 use crate::matcher::Matcher;
 use crate::metrics::RlqsMetrics;
-use crate::overload::ConnectionLoad;
+use crate::overload::{Caller, ConnectionLoad};
 use crate::proto::rlqs::RateLimitQuotaUsageReports;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::rules::Policy;
@@ -32,8 +32,8 @@ use super::spread;
 use super::validate::{self, BadBucket, BucketPairs, InvalidMessage, Usage};
 use super::wire;
 
-/// Envoy's reporting interval: hard-coded in its client whatever `reporting_interval` says
-/// (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`).
+/// Envoy's reporting interval: hard-coded whatever `reporting_interval` says
+/// (`source/extensions/filters/http/rate_limit_quota/filter_persistence.cc`).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 /// Shortest reporting interval learned: Envoy's `time_elapsed` is whole seconds, and 0 on a
 /// bucket's first report.
@@ -367,6 +367,11 @@ impl Stream {
     async fn look(&mut self, indexes: &[usize], now: Instant, answer: bool) -> Vec<BucketAction> {
         let ledger = &self.shared.ledger;
         let buckets = &self.buckets;
+        // One caller per stream, so a backend queue serves it in turn with the others.
+        let caller = Caller {
+            deadline: None,
+            connection: self.connection.as_ref().map(|load| load.id()),
+        };
         // Collected first: a stream over a closure's futures is not `Send` to the compiler.
         let jobs: Vec<_> = indexes
             .iter()
@@ -376,7 +381,7 @@ impl Stream {
                     QuotaRule::Unlimited => None,
                     QuotaRule::Limited(quota) => Some(
                         ledger
-                            .book(quota, bucket.unbooked, bucket.unbooked_demand)
+                            .book(quota, bucket.unbooked, bucket.unbooked_demand, caller)
                             .await,
                     ),
                 }
@@ -423,8 +428,8 @@ impl Stream {
                     assign::size(&quota.policy, reading.budget, share, bucket.interval)
                 }
             }
-            (_, Some(Err(error))) => {
-                self.shared.limiter.metrics().backend_error(error.kind());
+            // Counted where the limiter made the call.
+            (_, Some(Err(_))) => {
                 // The assignment in force stands until its TTL; a bucket without one
                 // gets what the failure mode says.
                 if bucket.sent.is_some_and(|sent| sent.expires > now) {

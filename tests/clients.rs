@@ -120,8 +120,8 @@ async fn python_and_node_clients_are_answered_over_the_unix_socket() {
 /// Envoy reads only the whole seconds of `assignment_time_to_live` (nanos ignored; under 1 s
 /// expires at once) and divides `tokens_per_fill` by the whole seconds of `fill_interval`
 /// (under 1 s divides by zero: every request admitted). Read from Envoy's
-/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` and
-/// `filter_persistence.cc`; the wire notes, section 11.
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`; the wire notes,
+/// section 11.
 async fn rlqs_reports_are_answered(target: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join(VENV_PYTHON);

@@ -5,8 +5,8 @@
 //! does (`floodgate::bench::envoy_quota`, driven by `floodgate bench --rlqs`).
 //!
 //! Every answer is checked for what Envoy reads: whole seconds only, since
-//! `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` and
-//! `filter_persistence.cc` read `.seconds()` of TTLs and fill intervals.
+//! `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` reads only
+//! `.seconds()` of TTLs and fill intervals.
 
 mod common;
 

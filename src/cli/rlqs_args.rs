@@ -5,7 +5,7 @@ use clap::Args;
 use super::GoDuration;
 use crate::rlqs::{DEFAULT_MAX_BUCKETS, RlqsSettings};
 
-/// Longest `--rlqs-abandon-after`: a bucket unreported for a day is gone.
+/// Longest `--rlqs-abandon-after`: a bucket idle for a day is gone.
 const MAX_ABANDON_AFTER: std::time::Duration = std::time::Duration::from_secs(86_400);
 
 /// Default of `--rlqs-abandon-after`.
@@ -14,8 +14,8 @@ pub const DEFAULT_RLQS_ABANDON_AFTER: &str = "60s";
 /// The quota service (RLQS).
 #[derive(Debug, Clone, Args)]
 pub struct RlqsArgs {
-    /// Most buckets one RLQS stream may report; one more ends the stream with
-    /// RESOURCE_EXHAUSTED.
+    /// Most buckets one RLQS stream may hold (a connection's streams 4x as many, the process
+    /// 20x); a bucket past it is left unanswered, and the stream stays open.
     #[arg(
         long,
         env = "FLOODGATE_RLQS_MAX_BUCKETS",
@@ -24,8 +24,8 @@ pub struct RlqsArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     pub rlqs_max_buckets: usize,
-    /// A bucket that a stream has not reported for this long (Go syntax: 60s, 5m; at most
-    /// 24h) is answered with abandon_action and forgotten.
+    /// A bucket reported without demand (or not reported) for this long (Go syntax: 60s,
+    /// 5m; at most 24h) is answered with abandon_action and forgotten.
     #[arg(long, env = "FLOODGATE_RLQS_ABANDON_AFTER", value_name = "DURATION", default_value = DEFAULT_RLQS_ABANDON_AFTER)]
     pub rlqs_abandon_after: GoDuration,
 }

@@ -9,9 +9,9 @@
 //! budget is `DENY_ALL` until it refills.
 //!
 //! Every duration is whole seconds, as Envoy reads them
-//! (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` and
-//! `filter_persistence.cc` read only `.seconds()`): a TTL under 1 s would expire at once,
-//! and a `fill_interval` under 1 s divides the fill by zero, an infinite rate.
+//! (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` reads only
+//! `.seconds()`): a TTL under 1 s would expire at once, and a `fill_interval` under 1 s
+//! divides the fill by zero, an infinite rate.
 
 use std::time::Duration;
 

@@ -751,6 +751,51 @@ async fn buckets_past_the_bound_are_left_unanswered_and_the_stream_stays_open() 
         ),
         Some(2.0)
     );
+    // A connection's streams together hold at most 4 streams' worth: on one connection,
+    // a fifth stream's buckets are left unanswered too, and its stream stays open.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    let mut streams = Vec::new();
+    for stream in 0..5 {
+        let mut quota = Quota::on(channel.clone()).await;
+        let values: Vec<String> = (0..3).map(|i| format!("c{stream}-{i}")).collect();
+        let ids: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("route", v.as_str())]).collect();
+        let three: Vec<Reported<'_>> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
+        quota.send(usages("web", &three)).await;
+        if stream < 4 {
+            let answered = quota.next().await.expect("answered");
+            assert_eq!(answered.bucket_action.len(), 3, "stream {stream}");
+        }
+        streams.push(quota);
+    }
+    let skipped = common::eventually(Duration::from_secs(10), async || {
+        let text = common::scrape(server.http).await;
+        common::sample(
+            &text,
+            "floodgate_rlqs_skipped_buckets_total{reason=\"bucket_limit\"}",
+        ) == Some(5.0)
+    })
+    .await;
+    assert!(skipped, "the fifth stream's buckets were not skipped");
+    // The fifth stream is open: its bucket is answered once another stream has gone.
+    drop(streams.remove(0));
+    let fifth = streams.last_mut().expect("the fifth");
+    let freed = common::eventually(Duration::from_secs(10), async || {
+        fifth
+            .send(usages("web", &[(&[("route", "c4-0")], 1, 0)]))
+            .await;
+        tokio::time::timeout(Duration::from_millis(500), fifth.answers.message())
+            .await
+            .is_ok_and(|answer| answer.is_ok_and(|answer| answer.is_some()))
+    })
+    .await;
+    assert!(
+        freed,
+        "the fifth stream got no answer after another stream went"
+    );
     server.stop().await;
 }
 
@@ -869,4 +914,78 @@ async fn a_new_bucket_during_a_failure_gets_the_failure_mode() {
     assert!(matches!(deny, Some(Kind::DenyAll { .. })), "{deny:?}");
     let error = a_new_bucket_during_a_failure(FailureMode::Error).await;
     assert_eq!(error, None);
+}
+
+/// A stream silent after one report costs no backend work: nothing is looked at again
+/// until a report comes, whatever interval the report claimed (issue 37: one report of
+/// 1,000 buckets claiming 50 ms kept Redis at 26.8k commands a second).
+#[tokio::test]
+async fn a_stream_silent_after_one_report_costs_no_backend_work() {
+    let redis = RedisServer::start();
+    let server = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    let mut quota = Quota::open(server.grpc).await;
+    let values: Vec<String> = (0..1000).map(|i| format!("silent-{i}")).collect();
+    let ids: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("route", v.as_str())]).collect();
+    let reported: Vec<Reported<'_>> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
+    let mut message = usages("web", &reported);
+    for usage in &mut message.bucket_quota_usages {
+        usage.time_elapsed = Some(pbjson_types::Duration {
+            seconds: 0,
+            nanos: 50_000_000,
+        });
+    }
+    quota.send(message).await;
+    let mut answered = 0;
+    while answered < ids.len() {
+        answered += quota.next().await.expect("answered").bucket_action.len();
+    }
+    let commands = || -> u64 {
+        redis
+            .info_field("stats", "total_commands_processed")
+            .and_then(|n| n.parse().ok())
+            .expect("a command count")
+    };
+    let before = commands();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = commands() - before;
+    // The service's own health checks may ping; the stream's 1,000 buckets may not.
+    assert!(during < 50, "{during} Redis commands in 6 s of silence");
+    server.stop().await;
+}
+
+/// A client that never reads its answers is not buffered for: once its answers back up for
+/// a reporting interval, its stream ends (counted) and its buckets are given back.
+#[tokio::test]
+async fn a_client_that_never_reads_is_ended_and_its_buckets_freed() {
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    let quota = Quota::open(server.grpc).await;
+    let values: Vec<String> = (0..2000).map(|i| format!("unread-{i}")).collect();
+    let ids: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("fast", v.as_str())]).collect();
+    let reported: Vec<Reported<'_>> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
+    let message = usages("web", &reported);
+    let mut ended = false;
+    let start = Instant::now();
+    while !ended && start.elapsed() < Duration::from_secs(40) {
+        // Sent without waiting: the server may stop reading too once it stops answering.
+        let _ = quota.reports.try_send(message.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let text = common::scrape(server.http).await;
+        ended = common::sample(
+            &text,
+            "floodgate_rlqs_stream_ends_total{reason=\"not_reading\"}",
+        ) == Some(1.0);
+    }
+    assert!(
+        ended,
+        "the stream of a client that never reads was not ended"
+    );
+    let mut left = None;
+    let freed = common::eventually(Duration::from_secs(10), async || {
+        left = common::sample(&common::scrape(server.http).await, "floodgate_rlqs_buckets");
+        left == Some(0.0)
+    })
+    .await;
+    assert!(freed, "buckets left: {left:?}");
+    drop(quota);
+    server.stop().await;
 }

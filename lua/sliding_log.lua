@@ -15,8 +15,8 @@ ARGV[2]  n: the cost (charge: 0 is a peek; refund: the cost to give back)
 ARGV[3]  W: window length in ms (>= 1)
 ARGV[4]  L: requests per window (1..10000)
 ARGV[5]  B: burst (unused here; every script takes the same ARGV)
-ARGV[6]  1 = on_over_limit consume; config validation rejects it for this algorithm and a
-         denial never writes here (a log of denied bookings would only grow)
+ARGV[6]  1 = on_over_limit consume: a denial books its cost into the newest booking, moved
+         to now (see check), so the log never holds more members than admitted bookings
 ARGV[7]  lockout in ms (0 = none)
 ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
 ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
@@ -194,13 +194,38 @@ local function load()
   end
 end
 
--- Returns allowed, remaining, reset_ms, booked. A denial never books (see ARGV[6]).
-local function check()
+-- Books a denied k under consume: into the newest booking, moved to now (merged in place
+-- when the clock went backwards), or as the first booking of an empty log; the live count
+-- is capped at 2^53.
+local function book_over(k)
+  k = math.min(k, MAX - live)
+  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(0', 'WITHSCORES', 'LIMIT', 0, 1)
+  if not newest[1] then
+    rebook(now, k)
+    return
+  end
+  local ts = tonumber(newest[2])
+  if ts >= now then
+    rebook(ts, k)
+    return
+  end
+  local count = units(newest[1])
+  redis.call('ZREM', key, newest[1])
+  live = live - count
+  rebook(now, count + k)
+end
+
+-- Returns allowed, remaining, reset_ms, booked.
+local function check(book_on_deny)
   if live + n <= L then
     rebook(now, n)
     return true, L - live, until_newest_leaves(), true
   end
-  return false, 0, wait(n), false
+  local reset = wait(n)
+  if book_on_deny then
+    book_over(n)
+  end
+  return false, 0, reset, book_on_deny
 end
 
 -- A cost-1 probe that books nothing: allowed, remaining, reset_ms.

@@ -89,8 +89,8 @@ end
 -- Returns allowed, remaining, reset_ms, booked. Comparisons are written as u0 <= C - n*U so
 -- that no intermediate exceeds 2^53 (u0 itself may reach 2^53 under consume).
 local function check(book_on_deny)
-  if n > B then
-    -- Can never fit: no write, not even under consume.
+  if n > B and not book_on_deny then
+    -- Can never fit: no write. Under consume it is booked as any denial is.
     return false, 0, cdiv(u0, lambda), false
   end
   local room = C - n * U

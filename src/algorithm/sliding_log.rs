@@ -16,8 +16,13 @@
 //!   reaches `k`; R = that entry's `ts + W - now`. When `n > L` (never fits), or when the
 //!   log holds more than `L` (the limit was lowered), R = `newest_ts + W - now`, or 0 for an
 //!   empty log.
-//! - `consume` is rejected for this algorithm by config validation (a log of denied bookings
-//!   would only grow), so a denial never writes here even when asked to.
+//! - under `consume` a denial books its cost too, without a new entry: it joins the newest
+//!   entry, which moves to `now` (merged in place when the clock went backwards), or starts
+//!   the log when it is empty. So the log never holds more entries than admitted bookings
+//!   (at most `L`), its count may pass `L` (a debt, waited out until the newest entry
+//!   leaves, as for any log over its limit), and the whole debt lasts a full window from the
+//!   latest denial: never shorter than booking it as an entry of its own. The count is
+//!   capped at 2^53.
 //! - peek: allowed iff `count + 1 <= L`; remaining `max(0, L - count)`; R = `newest_ts + W -
 //!   now` when allowed (0 for an empty log), else as a denied `n = 1`. No write.
 //! - refund `(cost, booked_at)`: remove up to `cost` units from the entry with
@@ -38,7 +43,7 @@ pub fn wait_reads(limit: u64, cost: u64) -> u64 {
     cost.min(limit - cost + 1)
 }
 
-use super::{Counter, Params, Verdict, instant, reset};
+use super::{Counter, MAX_COUNT, Params, Verdict, instant, reset};
 
 /// Bookings of the last window, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -125,6 +130,20 @@ impl SlidingLog {
         self.until_newest_leaves(params, now_ms, live)
     }
 
+    /// Books a denied `cost` under `consume`: into the newest entry, moved to `now`.
+    fn book_over(&mut self, now_ms: i64, cost: u64) {
+        let cost = cost.min(MAX_COUNT.saturating_sub(self.total));
+        self.total += cost;
+        match self.entries.back_mut() {
+            None => self.entries.push_back((now_ms, cost)),
+            Some((ts, n)) if *ts >= now_ms => *n += cost,
+            Some((ts, n)) => {
+                *ts = now_ms;
+                *n += cost;
+            }
+        }
+    }
+
     fn book(&mut self, now_ms: i64, cost: u64) {
         self.total += cost;
         match self.entries.back_mut() {
@@ -143,7 +162,7 @@ impl SlidingLog {
 }
 
 impl Counter for SlidingLog {
-    fn check(&mut self, params: &Params, now_ms: i64, cost: u64, _book_on_deny: bool) -> Verdict {
+    fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict {
         self.drop_expired(params, now_ms);
         let live = Live {
             first: 0,
@@ -163,7 +182,13 @@ impl Counter for SlidingLog {
                     booked: true,
                 }
             }
-            _ => Verdict::denied(self.wait(params, now_ms, &live, cost), false),
+            _ => {
+                let wait = self.wait(params, now_ms, &live, cost);
+                if book_on_deny {
+                    self.book_over(now_ms, cost);
+                }
+                Verdict::denied(wait, book_on_deny)
+            }
         }
     }
 
@@ -275,15 +300,27 @@ mod tests {
     }
 
     #[test]
-    fn same_instant_bookings_merge_and_consume_never_logs_a_denial() {
+    fn same_instant_bookings_merge_and_a_consumed_denial_joins_the_newest_entry() {
         let p = params(3);
         let mut log = SlidingLog::default();
         log.check(&p, NOW, 1, false);
-        log.check(&p, NOW, 2, false);
-        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 3)]);
-        let v = log.check(&p, NOW, 1, true);
+        log.check(&p, NOW + 10, 2, false);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 1), (NOW + 10, 2)]);
+        // Under reject a denial books nothing; under consume it moves the newest entry to now.
+        let v = log.check(&p, NOW + 20, 1, false);
         assert!(!v.allowed && !v.booked);
-        assert_eq!(log.total, 3);
+        let v = log.check(&p, NOW + 20, 5, true);
+        assert!(!v.allowed && v.booked);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 1), (NOW + 20, 7)]);
+        assert_eq!(log.total, 8);
+        // A clock gone backwards merges in place.
+        log.check(&p, NOW + 15, 1, true);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [(NOW, 1), (NOW + 20, 8)]);
+        // An empty log starts with the denied cost.
+        let mut empty = SlidingLog::default();
+        let v = empty.check(&p, NOW, 4, true);
+        assert!(!v.allowed && v.booked);
+        assert_eq!(empty.entries().collect::<Vec<_>>(), [(NOW, 4)]);
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! State (Lua: two hash fields) `{level u, updated t}`; a missing key is `{0, 0}`.
 //!
 //! - decay: `u0 = max(0, u - max(0, now - t) * λ)` (a clock going backwards leaks nothing).
-//! - check `n > B`: OVER, remaining 0, R = `ceil(u0 / λ)`, no write at all (not even under
-//!   `consume`): such a request can never fit.
+//! - check `n > B` under `reject`: OVER, remaining 0, R = `ceil(u0 / λ)`, no write: such a
+//!   request can never fit. Under `consume` it is a denial like any other, booked (a cost
+//!   reported after the response was spent whatever the burst).
 //! - check `n`: allow iff `u0 + n*U <= C`. OK: store `{u1 = u0 + n*U, now}`, remaining
 //!   `floor((C - u1) / U)`, R = `ceil(u1 / λ)` (until empty again). OVER: remaining 0,
 //!   R = `ceil((u0 + n*U - C) / λ)` (until this request would fit); under `consume` store
@@ -90,7 +91,7 @@ impl Counter for TokenBucket {
             return over(0, false);
         };
         let level = self.level_at(&scale, now_ms);
-        if cost > params.burst {
+        if cost > params.burst && !book_on_deny {
             return over(scale.drain_ms(level), false);
         }
         let needed = level + u128::from(cost) * scale.unit;
@@ -170,17 +171,21 @@ mod tests {
     }
 
     #[test]
-    fn cost_above_burst_never_writes_even_under_consume() {
+    fn cost_above_burst_writes_only_under_consume() {
         let p = params(10, 1000, 10);
         let mut b = TokenBucket::default();
         b.check(&p, NOW, 4, false);
         let before = b.clone();
-        let v = b.check(&p, NOW + 100, 11, true);
+        let v = b.check(&p, NOW + 100, 11, false);
         assert!(!v.allowed && !v.booked);
         assert_eq!(v.reset_ms, 300, "time until the bucket is empty");
         assert_eq!(b, before);
+        // Under consume it is booked: 3 held + 11 is a debt of 4, refilled in 400 ms.
+        let v = b.check(&p, NOW + 100, 11, true);
+        assert!(!v.allowed && v.booked);
+        assert_eq!(v.reset_ms, 400);
         let v = b.check(&p, NOW, u64::MAX, true);
-        assert!(!v.allowed && !v.booked);
+        assert!(!v.allowed && v.booked);
     }
 
     #[test]

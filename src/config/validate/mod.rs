@@ -185,13 +185,14 @@ impl Validator<'_> {
             let limit = self.limit(&mut rate_limit);
             let own_name = name.get().filter(|name| !name.is_empty());
             let replaces = self.replaces(&mut rate_limit, own_name.map(String::as_str));
-            rule = limit.map(|limit| {
+            rule = limit.map(|(limit, sets_accounting)| {
                 Arc::new(Rule {
                     domain: self.domain.clone(),
                     path: rule_path.to_owned(),
                     name: own_name.cloned(),
                     replaces,
                     limit,
+                    sets_accounting,
                     shadow_mode,
                     quota_mode: quota_mode || rl_quota_mode,
                     detailed_metric,
@@ -242,8 +243,9 @@ impl Validator<'_> {
         names
     }
 
-    /// The limit of one `rate_limit`, or `None` after recording why it is invalid.
-    fn limit(&mut self, rl: &mut Map) -> Option<Limit> {
+    /// The limit of one `rate_limit`, and whether it sets `on_over_limit` itself; `None`
+    /// after recording why it is invalid.
+    fn limit(&mut self, rl: &mut Map) -> Option<(Limit, bool)> {
         let read = &mut self.read;
         let unlimited = read.flag(rl, "unlimited");
         let unit = read.text(rl, "unit");
@@ -253,6 +255,7 @@ impl Validator<'_> {
         let unit_multiplier = read.count(rl, "unit_multiplier");
         let on_over_limit = read.text(rl, "on_over_limit");
         let lockout_seconds = read.count(rl, "lockout_seconds");
+        let sets_accounting = on_over_limit.get().is_some();
         let before = read.error_count();
         let unlimited = match unlimited {
             // Limited or not: no check applies to both.
@@ -285,7 +288,7 @@ impl Validator<'_> {
                     format!("`{field}` has no effect with `unlimited: true`; remove it"),
                 );
             }
-            return (read.error_count() == before).then_some(Limit::Unlimited);
+            return (read.error_count() == before).then_some((Limit::Unlimited, false));
         }
 
         let unit = match &unit {
@@ -376,26 +379,17 @@ impl Validator<'_> {
             }
             Field::Is(seconds) => Some(Duration::from_secs(u64::from(seconds))),
         };
-        if algorithm == Some(Algorithm::SlidingLog) {
-            if on_over_limit == OnOverLimit::Consume {
-                read.rule(
-                    rl,
-                    Some("on_over_limit"),
-                    "`on_over_limit: consume` is not supported with algorithm sliding_log: its \
-                     exact log records admitted requests only",
-                );
-            }
-            if requests_per_unit > SLIDING_LOG_MAX_REQUESTS {
-                read.rule(
-                    rl,
-                    Some("requests_per_unit"),
-                    format!(
-                        "sliding_log keeps one entry per request, so requests_per_unit is capped \
-                         at {SLIDING_LOG_MAX_REQUESTS} (got {requests_per_unit}); use \
-                         sliding_window for larger limits"
-                    ),
-                );
-            }
+        if algorithm == Some(Algorithm::SlidingLog) && requests_per_unit > SLIDING_LOG_MAX_REQUESTS
+        {
+            read.rule(
+                rl,
+                Some("requests_per_unit"),
+                format!(
+                    "sliding_log keeps one entry per request, so requests_per_unit is capped at \
+                     {SLIDING_LOG_MAX_REQUESTS} (got {requests_per_unit}); use sliding_window \
+                     for larger limits"
+                ),
+            );
         }
 
         let (Some(unit), Some(algorithm)) = (unit, algorithm) else {
@@ -432,7 +426,7 @@ impl Validator<'_> {
         if let Err(message) = policy.check_exact_bounds() {
             read.rule(rl, None, message);
         }
-        (read.error_count() == before).then_some(Limit::Limited(policy))
+        (read.error_count() == before).then_some((Limit::Limited(policy), sets_accounting))
     }
 }
 

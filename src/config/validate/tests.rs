@@ -284,12 +284,10 @@ fn lockout_below_one() {
 fn sliding_log_with_consume() {
     let yaml =
         limited("      unit: second\n      algorithm: sliding_log\n      on_over_limit: consume\n");
-    rejects(
-        &yaml,
-        7,
-        "descriptors[0].rate_limit.on_over_limit",
-        "not supported with algorithm sliding_log",
-    );
+    let rules = load(&yaml);
+    let rule = rules.descriptors[0].rule.as_ref().unwrap();
+    assert_eq!(rule.policy().unwrap().on_over_limit, OnOverLimit::Consume);
+    assert!(rule.sets_accounting);
 }
 
 #[test]

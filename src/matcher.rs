@@ -370,6 +370,7 @@ mod tests {
             name: None,
             replaces: vec![],
             limit: Limit::Limited(Policy::fixed_window(1, Unit::Second)),
+            sets_accounting: false,
             shadow_mode: false,
             quota_mode: false,
             detailed_metric: false,

@@ -118,7 +118,14 @@ impl Drop for AbortOnDrop {
 /// Loads `dir` and swaps it in, or keeps the old rules and reports every error.
 pub async fn reload(dir: &Path, limiter: &Limiter) {
     let owned = dir.to_path_buf();
-    let loaded = tokio::task::spawn_blocking(move || config::load_dir(&owned)).await;
+    let accounting = limiter.accounting();
+    let loaded = tokio::task::spawn_blocking(move || {
+        config::load_dir(&owned).map(|mut loaded| {
+            config::apply_default_accounting(&mut loaded.domains, accounting);
+            loaded
+        })
+    })
+    .await;
     let metrics = limiter.metrics();
     match loaded {
         Ok(Ok(loaded)) if limiter.rules().compiled_from(&loaded.domains) => {

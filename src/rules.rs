@@ -288,6 +288,9 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Unlimited, or the policy to count with.
     pub limit: Limit,
+    /// Whether the rule sets `on_over_limit` itself; otherwise its policy takes the
+    /// accounting default of where the rule came from ([`Rule::with_default_accounting`]).
+    pub sets_accounting: bool,
     /// Report OK even when over the limit (remaining 0); counted as shadow.
     pub shadow_mode: bool,
     /// Over-limit statuses only deny overall when every quota-mode status denies.
@@ -310,6 +313,23 @@ pub struct Metadata(pub serde_json::Map<String, serde_json::Value>);
 impl Eq for Metadata {}
 
 impl Rule {
+    /// The rule with `default` as its `on_over_limit` when it does not set its own; `None`
+    /// when that changes nothing.
+    pub fn with_default_accounting(&self, default: OnOverLimit) -> Option<Rule> {
+        match self.limit {
+            Limit::Limited(policy) if !self.sets_accounting && policy.on_over_limit != default => {
+                Some(Rule {
+                    limit: Limit::Limited(Policy {
+                        on_over_limit: default,
+                        ..policy
+                    }),
+                    ..self.clone()
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// The policy of a limited rule.
     pub fn policy(&self) -> Option<&Policy> {
         match &self.limit {

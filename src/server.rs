@@ -30,6 +30,7 @@ use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceSe
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
 use crate::rlqs::{QuotaService, RlqsSettings};
+use crate::rules::OnOverLimit;
 use crate::service::RlsService;
 use crate::statsd::{Sink, StatsdSettings};
 use crate::tls::{self, ReloadingAcceptor, TlsError, TlsFiles};
@@ -51,8 +52,12 @@ pub struct Settings {
     pub http_addr: String,
     /// Which backend, and how to reach it.
     pub backend: BackendSettings,
-    /// Limiter behaviour (timeouts, failure mode, shadow mode, local cache).
+    /// Limiter behaviour (timeouts, failure mode, shadow mode, local cache); its
+    /// `accounting` is set from `on_over_limit` and the rules' source.
     pub limiter: LimiterOptions,
+    /// `--on-over-limit`: the accounting of rules that do not set their own, overriding
+    /// the default of their source (files `reject`, xDS `consume`).
+    pub on_over_limit: Option<OnOverLimit>,
     /// Response headers to add.
     pub header_mode: HeaderMode,
     /// How long in-flight calls may take to finish after shutdown starts.
@@ -146,20 +151,26 @@ impl Server {
             None => None,
         };
         let metrics = Arc::new(Metrics::with_max_series(settings.max_metric_series));
+        let source = match settings.xds {
+            Some(_) => config::RuleSource::Xds,
+            None => config::RuleSource::Files,
+        };
+        let mut options = settings.limiter.clone();
+        options.accounting = config::default_accounting(source, settings.on_over_limit);
         let domains = if settings.xds.is_some() {
             Vec::new()
         } else {
             let dir = settings.config_dir.clone();
-            let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
+            let mut loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
                 .await
                 .map_err(|e| ServerError::Serve(e.to_string()))??;
             metrics.config_load_success.inc();
+            config::apply_default_accounting(&mut loaded.domains, options.accounting);
             loaded.domains
         };
         let backend = backend::connect(&settings.backend).await?;
         let evicting = Arc::clone(&backend);
         metrics.export_evictions(move || evicting.evictions());
-        let mut options = settings.limiter.clone();
         if matches!(settings.backend, BackendSettings::Memory { .. }) {
             // The memory backend answers as fast as the cache would, and exactly.
             options.local_cache_entries = 0;

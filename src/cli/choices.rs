@@ -5,7 +5,7 @@
 use clap::ValueEnum;
 
 use crate::backend::redis;
-use crate::{headers, limiter, telemetry};
+use crate::{headers, limiter, rules, telemetry};
 
 /// `--failure-mode`: what to answer when the backend fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -24,6 +24,24 @@ impl From<FailureMode> for limiter::FailureMode {
             FailureMode::Error => limiter::FailureMode::Error,
             FailureMode::Allow => limiter::FailureMode::Allow,
             FailureMode::Deny => limiter::FailureMode::Deny,
+        }
+    }
+}
+
+/// `--on-over-limit`: what a request over the limit books, for rules that do not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOverLimit {
+    /// Nothing: a rejected request consumes nothing (floodgate's default for files).
+    Reject,
+    /// Its whole cost, into debt where the algorithm keeps one (the default for xDS).
+    Consume,
+}
+
+impl From<OnOverLimit> for rules::OnOverLimit {
+    fn from(mode: OnOverLimit) -> rules::OnOverLimit {
+        match mode {
+            OnOverLimit::Reject => rules::OnOverLimit::Reject,
+            OnOverLimit::Consume => rules::OnOverLimit::Consume,
         }
     }
 }

@@ -34,7 +34,7 @@ mod tracing_args;
 mod xds_args;
 
 pub use crate::redact::SecretText;
-pub use choices::{FailureMode, LogFormat, RedisScripting, ResponseHeaders};
+pub use choices::{FailureMode, LogFormat, OnOverLimit, RedisScripting, ResponseHeaders};
 pub use duration::GoDuration;
 pub use rlqs_args::RlqsArgs;
 pub use statsd_args::StatsdArgs;
@@ -224,6 +224,11 @@ pub struct ServeArgs {
     /// Answer when the backend fails: `error` (UNAVAILABLE), `allow` or `deny`.
     #[arg(long, env = "FLOODGATE_FAILURE_MODE", value_enum, default_value_t = FailureMode::Error)]
     pub failure_mode: FailureMode,
+    /// What a request over the limit books under rules that do not set `on_over_limit`:
+    /// `reject` (nothing) or `consume` (its whole cost). Default: `reject` for rules from
+    /// files, `consume` for rules from xDS (docs/cost-budgets.md).
+    #[arg(long, env = "FLOODGATE_ON_OVER_LIMIT", value_enum)]
+    pub on_over_limit: Option<OnOverLimit>,
     /// Rate-limit headers added to responses.
     #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS", value_enum, default_value_t = ResponseHeaders::Off)]
     pub response_headers: ResponseHeaders,
@@ -464,7 +469,9 @@ impl ServeArgs {
                 quota_mode: self.quota_mode,
                 local_cache_entries: self.local_cache_entries,
                 local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
+                ..LimiterOptions::default()
             },
+            on_over_limit: self.on_over_limit.map(Into::into),
             header_mode: self.response_headers.into(),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             shutdown_grace: Duration::from_millis(self.health_grace_ms),

@@ -133,7 +133,7 @@ fn every_serve_flag_has_its_env_var() {
         .get_arguments()
         .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
         .collect();
-    assert_eq!(flags.len(), 75);
+    assert_eq!(flags.len(), 76);
     for arg in flags {
         let long = arg.get_long().unwrap();
         let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

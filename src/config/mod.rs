@@ -39,6 +39,7 @@
 //! - Not supported: merge keys (`<<`, reported as an unknown key) and files with more than
 //!   one YAML document.
 
+mod accounting;
 mod leaf;
 mod tree;
 mod validate;
@@ -52,6 +53,7 @@ use crate::matcher::DomainRules;
 use tree::Tree;
 use validate::Walked;
 
+pub use accounting::{RuleSource, apply_default_accounting, default_accounting};
 pub use validate::SLIDING_LOG_MAX_REQUESTS;
 
 /// One problem in the configuration, located as precisely as known.

@@ -70,6 +70,9 @@ pub struct LimiterOptions {
     /// Longest time a local cache entry is trusted, so a refund or another replica's view
     /// is seen soon even when the bucket's reset is far away.
     pub local_cache_max_age: Duration,
+    /// The accounting of rules that do not set `on_over_limit`, and of limit overrides
+    /// (`config::default_accounting`: the rules' source's, or `--on-over-limit`).
+    pub accounting: OnOverLimit,
 }
 
 /// Default `LimiterOptions::local_cache_max_age`.
@@ -84,6 +87,7 @@ impl Default for LimiterOptions {
             quota_mode: false,
             local_cache_entries: 0,
             local_cache_max_age: DEFAULT_LOCAL_CACHE_MAX_AGE,
+            accounting: OnOverLimit::Reject,
         }
     }
 }
@@ -372,6 +376,13 @@ impl Limiter {
         }
     }
 
+    /// The accounting that rules which do not set `on_over_limit` take
+    /// ([`config::apply_default_accounting`](crate::config::apply_default_accounting) gives
+    /// it to newly loaded rules).
+    pub fn accounting(&self) -> OnOverLimit {
+        self.options.accounting
+    }
+
     /// The active rules.
     pub fn rules(&self) -> Arc<Matcher> {
         Arc::clone(&self.rules.load().matcher)
@@ -469,7 +480,15 @@ impl Limiter {
         let resolved: Vec<Option<Resolved>> = request
             .descriptors
             .iter()
-            .map(|descriptor| resolve(rules, &self.metrics, domain, descriptor))
+            .map(|descriptor| {
+                resolve(
+                    rules,
+                    &self.metrics,
+                    self.options.accounting,
+                    domain,
+                    descriptor,
+                )
+            })
             .collect();
         let replaced: HashSet<&str> = resolved
             .iter()
@@ -649,12 +668,13 @@ type Resolved = (Arc<Rule>, Option<BucketKey>, Arc<RuleCounters>);
 fn resolve(
     rules: &RuleSet,
     metrics: &Metrics,
+    accounting: OnOverLimit,
     domain: &str,
     descriptor: &Descriptor,
 ) -> Option<Resolved> {
     let entries = &descriptor.entries;
     if let Some(limit) = descriptor.limit_override {
-        let rule = Arc::new(override_rule(domain, entries, limit));
+        let rule = Arc::new(override_rule(domain, entries, limit, accounting));
         let policy = *rule.policy()?;
         let levels = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let bucket = BucketKey::new(domain, &rule.path, levels, &policy);
@@ -681,7 +701,12 @@ fn resolve(
 /// The fixed-window rule an Envoy limit override stands for. Its path is the reference's
 /// descriptor key (`k1_v1.k2_v2`), which names its bucket (its metrics are named by the
 /// entry keys only, see `resolve`).
-fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverride) -> Rule {
+fn override_rule(
+    domain: &str,
+    entries: &[(String, String)],
+    limit: LimitOverride,
+    accounting: OnOverLimit,
+) -> Rule {
     let path = entries
         .iter()
         .map(|(key, value)| {
@@ -698,7 +723,11 @@ fn override_rule(domain: &str, entries: &[(String, String)], limit: LimitOverrid
         path,
         name: None,
         replaces: Vec::new(),
-        limit: Limit::Limited(Policy::fixed_window(limit.requests_per_unit, limit.unit)),
+        limit: Limit::Limited(Policy {
+            on_over_limit: accounting,
+            ..Policy::fixed_window(limit.requests_per_unit, limit.unit)
+        }),
+        sets_accounting: false,
         shadow_mode: false,
         quota_mode: false,
         detailed_metric: false,

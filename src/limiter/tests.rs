@@ -20,6 +20,7 @@ fn rule(path: &str, policy: Policy) -> Rule {
         name: None,
         replaces: vec![],
         limit: Limit::Limited(policy),
+        sets_accounting: true,
         shadow_mode: false,
         quota_mode: false,
         detailed_metric: false,

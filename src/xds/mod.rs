@@ -25,7 +25,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 pub use backoff::Backoff;
 
-use crate::config::ConfigErrors;
+use crate::config::{self, ConfigErrors};
 use crate::limiter::Limiter;
 use crate::matcher::Matcher;
 use crate::proto::core::Node;
@@ -393,10 +393,11 @@ async fn apply(limiter: &Limiter, response: &DiscoveryResponse) -> Result<(), St
         ));
     }
     let resources = response.resources.clone();
-    let domains = tokio::task::spawn_blocking(move || convert::domains(&resources))
+    let mut domains = tokio::task::spawn_blocking(move || convert::domains(&resources))
         .await
         .map_err(|error| error.to_string())?
         .map_err(|errors| ConfigErrors(errors).to_string())?;
+    config::apply_default_accounting(&mut domains, limiter.accounting());
     if limiter.rules().compiled_from(&domains) {
         tracing::debug!(version = %response.version_info, "xDS update unchanged");
         return Ok(());

@@ -143,6 +143,7 @@ pub fn settings(config_dir: &Path) -> Settings {
             max_buckets: 100_000,
         },
         limiter: LimiterOptions::default(),
+        on_over_limit: None,
         header_mode: HeaderMode::Off,
         drain_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::ZERO,

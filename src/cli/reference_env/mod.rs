@@ -28,8 +28,8 @@ use url::Url;
 
 use super::tracing_args::parse_rate;
 use super::{
-    BackendKind, ConfigSource, GoDuration, LogFormat, RedisUrl, ResponseHeaders, SecretText,
-    ServeArgs,
+    BackendKind, ConfigSource, GoDuration, LogFormat, OnOverLimit, RedisUrl, ResponseHeaders,
+    SecretText, ServeArgs,
 };
 use crate::otel::{OtlpProtocol, REFERENCE_SERVICE_NAME};
 use crate::telemetry::LevelFilter;

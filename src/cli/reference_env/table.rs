@@ -85,7 +85,7 @@ const fn row(gate: Gate, variable: &'static str, flag: &'static str, convert: Co
 
 /// Every one-to-one variable, in the order each gate applies its rows.
 #[rustfmt::skip]
-pub(super) static ROWS: [Row; 38] = [
+pub(super) static ROWS: [Row; 39] = [
     row(Always, "GRPC_UDS", "--grpc-uds", File(|a| &mut a.grpc_uds)),
     row(Always, "GRPC_MAX_CONNECTION_AGE", "--grpc-max-connection-age",
         Duration(|a| &mut a.grpc_max_connection_age)),
@@ -94,6 +94,8 @@ pub(super) static ROWS: [Row; 38] = [
     row(Always, "LOG_FORMAT", "--log-format", Other(log_format)),
     row(Always, "SHADOW_MODE", "--shadow-mode", Bool(|a| &mut a.shadow_mode)),
     row(Always, "QUOTA_MODE", "--quota-mode", Bool(|a| &mut a.quota_mode)),
+    row(Always, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "--on-over-limit",
+        Other(stop_increment)),
     row(Always, "LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers", Other(response_headers)),
     row(Always, "LOCAL_CACHE_SIZE_IN_BYTES", "--local-cache-entries", Other(local_cache_entries)),
     row(Always, "CACHE_KEY_PREFIX", "--key-prefix", Text(|a| &mut a.key_prefix)),
@@ -187,6 +189,16 @@ fn log_format(value: &str, args: &mut ServeArgs) -> Result<(), String> {
     let choices = [("json", LogFormat::Json), ("text", LogFormat::Text)];
     args.log_format =
         choose(value, choices).ok_or_else(|| format!("`{value}` is neither `json` nor `text`"))?;
+    Ok(())
+}
+
+/// `true` stops the reference booking requests over the limit: `--on-over-limit reject`.
+/// `false`, the reference's default, changes nothing: rules from xDS `consume` already, and
+/// rules from files keep floodgate's "a rejected request consumes nothing".
+fn stop_increment(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+    if parse_bool(value)? {
+        args.on_over_limit = Some(OnOverLimit::Reject);
+    }
     Ok(())
 }
 

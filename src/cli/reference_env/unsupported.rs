@@ -130,11 +130,6 @@ const UNSUPPORTED: &[Ignored] = &[
         "a domain lives in one file; a duplicate domain is a config error",
     ),
     exact(
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        when_true,
-        "rejected requests consume nothing unless a rule sets `on_over_limit: consume`",
-    ),
-    exact(
         "LIMIT_LIMIT_HEADER",
         |v| v.eq_ignore_ascii_case("RateLimit-Limit"),
         LEGACY_HEADER_NAMES,

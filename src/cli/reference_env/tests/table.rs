@@ -39,6 +39,7 @@ fn sample(row: &Row) -> (&'static str, &'static [&'static str]) {
             "TRACING_EXPORTER_PROTOCOL" => ("GRPC", &["grpc"]),
             "TRACING_SAMPLING_RATE" => ("0.25", &["0.25"]),
             "EXTRA_TAGS" => ("a:b,,c:d", &["a:b,c:d"]),
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" => ("true", &["reject"]),
             other => panic!("no sample for {other}"),
         },
     }

@@ -1,7 +1,8 @@
 //! Rules over xDS against a test ADS server (tonic, built from the independent
 //! `envoy-types` protos): pushed rules answer, a change applies, an invalid update is NACKed
 //! with its error while the old rules answer, and a restarted server gets a resubscription
-//! carrying the last ACKed version. Also: start and readiness without initial rules.
+//! carrying the last ACKed version. Also: start and readiness without initial rules, and
+//! LLM token budgets as Envoy AI Gateway spends them, whose rules from xDS `consume`.
 
 mod common;
 
@@ -10,8 +11,10 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use common::{
-    TestServer, current_limit, descriptor, eventually, http, metric_line, request, wait_for_limit,
+    TestServer, current_limit, descriptor, eventually, http, metric_line, request,
+    should_rate_limit, wait_for_limit,
 };
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as EnvoyDescriptor;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -19,6 +22,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::google::protobuf::Any;
+use floodgate::rules::OnOverLimit;
 use floodgate::xds::{Backoff, XdsSettings};
 use futures::{SinkExt, Stream};
 use prost::Message;
@@ -652,4 +656,176 @@ async fn a_deep_and_wide_update_is_answered_with_bounded_memory() {
     eprintln!("an update of {encoded} bytes grew the peak RSS by {grown_mib} MiB");
     assert!(grown_mib < 250, "peak RSS grew by {grown_mib} MiB");
     drop(server);
+}
+
+/// Envoy AI Gateway's token budgets, with rules as Envoy Gateway sends them (domain `ai`):
+/// `tenant`, `budget` tokens a second; `total`, an hourly budget no test spends.
+fn budget_rules(budget: u32) -> Vec<Any> {
+    let limited = |key: &str, unit, requests_per_unit| RateLimitDescriptor {
+        key: key.into(),
+        value: String::new(),
+        rate_limit: Some(RateLimitPolicy {
+            unit,
+            requests_per_unit,
+        }),
+        descriptors: Vec::new(),
+    };
+    let config = RateLimitConfig {
+        name: "ai-budgets".into(),
+        domain: "ai".into(),
+        // 1 = SECOND, 3 = HOUR.
+        descriptors: vec![
+            limited("tenant", 1, budget),
+            limited("total", 3, TOTAL_BUDGET),
+        ],
+    };
+    vec![Any {
+        type_url: TYPE_URL.into(),
+        value: config.encode_to_vec(),
+    }]
+}
+
+/// The hourly budget of `total`: far above what a test charges.
+const TOTAL_BUDGET: u32 = 4_000_000_000;
+
+/// A descriptor with its own `hits_addend` (Envoy's per-descriptor cost).
+fn costing(pairs: &[(&str, &str)], hits: u64) -> EnvoyDescriptor {
+    EnvoyDescriptor {
+        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        ..descriptor(pairs)
+    }
+}
+
+/// Envoy AI Gateway's two-phase flow against rules from xDS, whose accounting is `consume`
+/// when they do not say: before each "response" a check of `hits_addend` 0 ("is the budget
+/// spent?"), after it the response's cost, 500 to 8,000 tokens, whose answer Envoy ignores.
+/// Per one-second window of 10,000 tokens: once the charges reach the budget no check is
+/// admitted until the window ends, the admitted responses cost at most the budget plus one
+/// response, and every charge is booked (the `total` descriptor, charged alongside, ends
+/// down by exactly the sum of the charges, those answered OVER_LIMIT included).
+async fn two_phase_budget_holds(adjust: impl FnOnce(&mut floodgate::server::Settings)) {
+    const BUDGET: u64 = 10_000;
+    let ads = AdsServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), budget_rules(BUDGET as u32))),
+    )
+    .await;
+    let addr = ads.addr;
+    let server = start_floodgate(|settings| {
+        settings.xds = Some(xds_settings(addr));
+        adjust(settings);
+    })
+    .await;
+    let mut client = server.client().await;
+    let tenant = [("tenant", "t1")];
+    let total = [("total", "all")];
+    // (charged, admitted) tokens per epoch second, and whether the budget was spent in it.
+    let mut windows: std::collections::BTreeMap<i64, (u64, u64)> = Default::default();
+    let (mut charged, mut checks, mut admitted_after_spent) = (0u64, 0u64, Vec::new());
+    let start = tokio::time::Instant::now();
+    let mut i: u64 = 0;
+    while start.elapsed() < Duration::from_secs(6) {
+        i += 1;
+        let now = floodgate::clock::Clock::now_ms(&floodgate::clock::SystemClock);
+        // Nothing is sent near a window's edge, where a check and its charge could fall in
+        // different seconds of the backend.
+        let (window, into) = (now.div_euclid(1000), now.rem_euclid(1000));
+        if !(60..900).contains(&into) {
+            let wait = (1060 - into).rem_euclid(1000) as u64;
+            tokio::time::sleep(Duration::from_millis(wait.max(1))).await;
+            continue;
+        }
+        let check = should_rate_limit(&mut client, request("ai", vec![costing(&tenant, 0)])).await;
+        checks += 1;
+        let spent = windows.get(&window).is_some_and(|(c, _)| *c >= BUDGET);
+        if check.overall_code == 1 {
+            if spent {
+                admitted_after_spent.push((window, into));
+            }
+            let cost = 500 + (i * 7919) % 7501;
+            let charge = request("ai", vec![costing(&tenant, cost), costing(&total, cost)]);
+            should_rate_limit(&mut client, charge).await;
+            let entry = windows.entry(window).or_default();
+            entry.0 += cost;
+            entry.1 += cost;
+            charged += cost;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("{checks} checks; charged {charged}; per window {windows:?}");
+    assert!(
+        admitted_after_spent.is_empty(),
+        "admitted after the budget was spent: {admitted_after_spent:?}"
+    );
+    for (window, (_, admitted)) in &windows {
+        assert!(
+            *admitted <= BUDGET + 8_000,
+            "window {window}: {admitted} tokens admitted"
+        );
+    }
+    let peek = should_rate_limit(&mut client, request("ai", vec![costing(&total, 0)])).await;
+    let left = peek.statuses[0].limit_remaining;
+    assert_eq!(
+        u64::from(TOTAL_BUDGET) - u64::from(left),
+        charged,
+        "booked vs charged"
+    );
+    assert!(windows.len() >= 5 && charged > 5 * BUDGET, "{windows:?}");
+    server.stop().await;
+    ads.crash().await;
+}
+
+#[tokio::test]
+async fn a_two_phase_token_budget_holds_on_memory() {
+    two_phase_budget_holds(|_| {}).await;
+}
+
+#[tokio::test]
+async fn a_two_phase_token_budget_holds_on_redis() {
+    let redis = common::redis::RedisServer::start();
+    let url = redis.url();
+    two_phase_budget_holds(move |settings| {
+        settings.backend = floodgate::backend::BackendSettings::Redis {
+            url,
+            options: common::redis_options(Duration::from_millis(500)),
+        };
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_two_phase_token_budget_holds_on_a_cluster() {
+    let cluster = common::redis::RedisCluster::start_async().await;
+    let urls = cluster.urls();
+    two_phase_budget_holds(move |settings| {
+        settings.backend = floodgate::backend::BackendSettings::Cluster {
+            urls,
+            options: common::redis_options(Duration::from_secs(1)),
+        };
+    })
+    .await;
+}
+
+/// Rules from files keep `reject` unless `--on-over-limit consume` says otherwise: the
+/// over-limit charge books nothing by default, and everything with the flag.
+#[tokio::test]
+async fn files_reject_by_default_and_the_flag_makes_them_consume() {
+    let rules = "domain: ai\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 10000}\n";
+    for (flag, remaining_after) in [(None, 4_000), (Some(OnOverLimit::Consume), 0)] {
+        let server = TestServer::start_with(&[("ai.yaml", rules)], move |settings| {
+            settings.on_over_limit = flag;
+        })
+        .await;
+        let mut client = server.client().await;
+        let tenant = [("tenant", "t")];
+        for cost in [6_000, 6_000] {
+            should_rate_limit(&mut client, request("ai", vec![costing(&tenant, cost)])).await;
+        }
+        let peek = should_rate_limit(&mut client, request("ai", vec![costing(&tenant, 0)])).await;
+        assert_eq!(
+            peek.statuses[0].limit_remaining, remaining_after,
+            "{flag:?}"
+        );
+        server.stop().await;
+    }
 }

@@ -14,6 +14,10 @@ WORKDIR/rules.txt (those directories and where their files come from), and check
 - envoy.yaml parses as an Envoy v3 Bootstrap, strictly, with the protoc-gen-validate
   rules that matter (required fields, minimum lengths), and its clusters line up;
 - the Istio and Envoy examples send exactly the descriptors their rule files limit;
+- the AI Gateway token budgets: the BackendTrafficPolicy's global rules use only the fields
+  Envoy Gateway declares, each cost read from AI Gateway's metadata names a key the
+  AIGatewayRoute's llmRequestCosts writes, and a rule charged on the response asks with a
+  request cost of 0 (a peek) first;
 - the Dockerfile has its stages, builds with --locked and runs as non-root;
 - the Grafana dashboards parse, and every panel queries Prometheus through the dashboard's
   data source variable; the Prometheus rule files parse and every alert has an expression,
@@ -38,7 +42,9 @@ from validate import validate_pb2  # protoc-gen-validate's rules, shipped with x
 
 DEPLOY = pathlib.Path(__file__).resolve().parent
 REPO = DEPLOY.parent
-CRDS = {("networking.istio.io/v1alpha3", "EnvoyFilter")}
+CRDS = {("networking.istio.io/v1alpha3", "EnvoyFilter"),
+        ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy"),
+        ("aigateway.envoyproxy.io/v1beta1", "AIGatewayRoute")}
 # API groups of Kubernetes' own kinds (kubernetes-validate has their schemas).
 BUILTIN_GROUPS = {"", "apps", "batch", "policy", "autoscaling", "networking.k8s.io", "rbac.authorization.k8s.io"}
 # Descriptor and rate_limit keys floodgate accepts (SPEC 2): a typo fails here even when
@@ -658,6 +664,134 @@ def check_envoy_gateway(work):
     ok(f"{where}: patch applied; floodgate image and command, {len(kept)} env vars and /certs kept, probes")
 
 
+# ---------------------------------------------------------------- AI Gateway token budgets
+
+# A global rate-limit rule of Envoy Gateway's BackendTrafficPolicy, field by field as
+# envoyproxy/gateway api/v1alpha1/ratelimit_types.go declares them (RateLimitRule,
+# RateLimitSelectCondition, HeaderMatch, RateLimitValue, RateLimitCost,
+# RateLimitCostSpecifier, RateLimitCostMetadata); `limit.fromMetadata` from
+# internal/gatewayapi/backendtrafficpolicy.go (buildRateLimitRule). No schema check sees these
+# CRDs, so a misspelt field would otherwise be pruned by the API server without a word.
+EG_RULE_FIELDS = {"clientSelectors", "limit", "cost", "shared", "shadowMode"}
+EG_SELECTOR_FIELDS = {"headers", "methods", "path", "sourceCIDR"}
+EG_HEADER_FIELDS = {"name", "type", "value", "invert"}
+EG_HEADER_TYPES = {"Exact", "RegularExpression", "Distinct"}
+EG_LIMIT_FIELDS = {"requests", "unit", "fromMetadata"}
+EG_UNITS = {"Second", "Minute", "Hour", "Day", "Month", "Year"}
+EG_COST_FIELDS = {"request", "response"}
+EG_COST_SPEC_FIELDS = {"from", "number", "metadata"}
+EG_METADATA_FIELDS = {"namespace", "key"}
+# envoyproxy/ai-gateway api/v1beta1/shared_types.go: AIGatewayFilterMetadataNamespace.
+AI_GATEWAY_METADATA = "io.envoy.ai_gateway"
+
+
+def unknown_fields(where, value, allowed):
+    if not isinstance(value, dict):
+        fail(where, f"must be a mapping, not {value!r}")
+        return True
+    for field in sorted(set(value) - allowed):
+        fail(where, f"unknown field {field} (Envoy Gateway declares {sorted(allowed)})")
+    return False
+
+
+def check_cost_spec(where, spec):
+    if unknown_fields(where, spec, EG_COST_SPEC_FIELDS):
+        return
+    source = spec.get("from")
+    if source == "Number":
+        if not isinstance(spec.get("number"), int) or spec["number"] < 0 or "metadata" in spec:
+            fail(where, "from: Number needs a `number` >= 0 and no `metadata`")
+    elif source == "Metadata":
+        metadata = spec.get("metadata")
+        if "number" in spec or not isinstance(metadata, dict) or set(metadata) != EG_METADATA_FIELDS:
+            fail(where, "from: Metadata needs `metadata: {namespace, key}` and no `number`")
+    else:
+        fail(where, f"from must be Number or Metadata, not {source!r}")
+
+
+def check_rate_limit_rule(where, rule, written_keys):
+    """One global rule; returns nothing, records failures."""
+    if unknown_fields(where, rule, EG_RULE_FIELDS):
+        return
+    for i, selector in enumerate(rule.get("clientSelectors") or []):
+        here = f"{where} clientSelectors[{i}]"
+        if unknown_fields(here, selector, EG_SELECTOR_FIELDS):
+            continue
+        if not selector:
+            fail(here, "needs at least one of headers, methods, path, sourceCIDR")
+        for j, header in enumerate(selector.get("headers") or []):
+            there = f"{here} headers[{j}]"
+            if unknown_fields(there, header, EG_HEADER_FIELDS):
+                continue
+            kind = header.get("type", "Exact")
+            if not header.get("name") or kind not in EG_HEADER_TYPES:
+                fail(there, f"needs a name and a type in {sorted(EG_HEADER_TYPES)}")
+            elif (kind == "Distinct") == ("value" in header):
+                fail(there, "Distinct takes no value; Exact and RegularExpression need one")
+            elif kind == "Distinct" and header.get("invert"):
+                fail(there, "invert does not apply to Distinct")
+    limit = rule.get("limit")
+    if not unknown_fields(f"{where} limit", limit, EG_LIMIT_FIELDS):
+        if not isinstance(limit.get("requests"), int) or limit["requests"] < 0 or limit.get("unit") not in EG_UNITS:
+            fail(f"{where} limit", f"needs requests >= 0 and a unit in {sorted(EG_UNITS)}")
+        if "fromMetadata" in limit and set(limit["fromMetadata"] or {}) != EG_METADATA_FIELDS:
+            fail(f"{where} limit.fromMetadata", "needs exactly namespace and key")
+    cost = rule.get("cost")
+    if cost is None or unknown_fields(f"{where} cost", cost, EG_COST_FIELDS):
+        return
+    for phase in sorted(set(cost) & EG_COST_FIELDS):
+        check_cost_spec(f"{where} cost.{phase}", cost[phase])
+    response, request = cost.get("response") or {}, cost.get("request")
+    metadata = response.get("metadata") or {}
+    if metadata.get("namespace") == AI_GATEWAY_METADATA and metadata.get("key") not in written_keys:
+        fail(f"{where} cost.response", f"reads {AI_GATEWAY_METADATA}/{metadata.get('key')}, which no "
+             f"AIGatewayRoute llmRequestCosts writes ({sorted(written_keys)})")
+    # Envoy Gateway's default request cost is 1: without an explicit 0 every request would
+    # book a token of its own besides asking (docs/cost-budgets.md#the-two-phase-flow).
+    if response and request != {"from": "Number", "number": 0}:
+        fail(f"{where} cost.request", "a rule charged on the response must ask first: {from: Number, number: 0}")
+
+
+def check_ai_gateway(renders):
+    """deploy/ai-gateway: the token-budget policy and the route whose token counts it reads."""
+    objects = renders.get("ai-gateway", [])
+    where = "deploy/ai-gateway"
+    before = len(failures)
+    routes = [o for o in objects if o.get("kind") == "AIGatewayRoute"]
+    policies = [o for o in objects if o.get("kind") == "BackendTrafficPolicy"]
+    if not routes or not policies:
+        fail(where, "needs an AIGatewayRoute and a BackendTrafficPolicy")
+        return
+    written, gateways, rules = set(), set(), 0
+    for route in routes:
+        name = f"{where}: AIGatewayRoute {route['metadata']['name']}"
+        for i, entry in enumerate(route.get("spec", {}).get("llmRequestCosts") or []):
+            if not entry.get("metadataKey") or not entry.get("type"):
+                fail(f"{name} llmRequestCosts[{i}]", "needs metadataKey and type")
+            written.add(entry.get("metadataKey"))
+        for parent in route.get("spec", {}).get("parentRefs") or []:
+            if parent.get("kind", "Gateway") == "Gateway":
+                gateways.add((route["metadata"].get("namespace"), parent.get("name")))
+    for policy in policies:
+        name = f"{where}: BackendTrafficPolicy {policy['metadata']['name']}"
+        spec = policy.get("spec", {})
+        namespace = policy["metadata"].get("namespace")
+        for ref in spec.get("targetRefs") or []:
+            if ref.get("kind") == "Gateway" and (namespace, ref.get("name")) not in gateways:
+                fail(name, f"targets Gateway {ref.get('name')}, which no AIGatewayRoute here attaches to")
+        rate_limit = spec.get("rateLimit") or {}
+        if unknown_fields(f"{name} rateLimit", rate_limit, {"type", "global", "local"}):
+            continue
+        if rate_limit.get("type", "Global") != "Global" or not (rate_limit.get("global") or {}).get("rules"):
+            fail(name, "token budgets need global rules (a response cost is global-only)")
+            continue
+        for i, rule in enumerate(rate_limit["global"]["rules"]):
+            check_rate_limit_rule(f"{name} rules[{i}]", rule, written)
+            rules += 1
+    if len(failures) == before:
+        ok(f"{where}: {rules} global rules, costs read from {AI_GATEWAY_METADATA} keys {sorted(written)}")
+
+
 def check_observability():
     for path in sorted((DEPLOY / "grafana").glob("*.json")):
         where = path.relative_to(REPO)
@@ -712,6 +846,7 @@ def main():
     check_dockerfile()
     check_observability()
     check_envoy_gateway(work)
+    check_ai_gateway(renders)
     (work / "rules.txt").write_text("".join(line + "\n" for line in listing))
     for line in failures:
         print(f"FAIL {line}")

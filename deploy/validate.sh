@@ -9,8 +9,10 @@
 #    protos, the Deployment's probe/drain/mount contract, the Istio cluster name against
 #    the rendered Service, descriptors sent vs. rules, the Dockerfile, the Grafana
 #    dashboards (JSON), the Prometheus alert rules (`promtool check rules` too when
-#    promtool is installed), and the Envoy Gateway patch applied (`kubectl patch --local`)
-#    to the Deployment Envoy Gateway generates;
+#    promtool is installed), the Envoy Gateway patch applied (`kubectl patch --local`)
+#    to the Deployment Envoy Gateway generates, and the AI Gateway token budgets (the
+#    BackendTrafficPolicy's fields as Envoy Gateway declares them, its costs against the
+#    AIGatewayRoute's llmRequestCosts);
 # 4. validates every rendered Kubernetes object against the API schemas, strictly (unknown
 #    fields fail), for the newest Kubernetes and for the oldest one the manifests support;
 # 5. `sh -n` over the shell scripts;

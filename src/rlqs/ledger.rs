@@ -128,10 +128,16 @@ impl Ledger {
         })
     }
 
+    /// A charge that books only what fits, whatever the rule's accounting: a `consume`
+    /// rule booking a report whole would go into debt (a 10-an-hour bucket denied for
+    /// 3,960 s instead of 360 s), which [`Ledger::book`] never does.
     fn charge(&self, quota: &QuotaBucket, cost: u64) -> Charge {
         Charge {
             bucket: quota.bucket,
-            policy: quota.policy,
+            policy: Policy {
+                on_over_limit: OnOverLimit::Reject,
+                ..quota.policy
+            },
             cost,
         }
     }
@@ -218,6 +224,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
   - key: locked
     rate_limit: {unit: hour, requests_per_unit: 2, lockout_seconds: 600}
+  - key: consumed
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket, on_over_limit: consume}
 ";
 
     /// A ledger on a memory backend whose clock reads one second into an hour.
@@ -262,6 +270,19 @@ descriptors:
             .await
             .unwrap();
         assert!(!empty.budget.open);
+        assert_eq!(empty.budget.reset, Duration::from_secs(360));
+    }
+
+    #[tokio::test]
+    async fn a_consume_rule_is_left_empty_too_not_in_debt() {
+        let (ledger, limiter) = fixture();
+        let consumed = quota(&limiter, "consumed");
+        let empty = ledger
+            .book(&consumed, 100, 0, Caller::default())
+            .await
+            .unwrap();
+        assert!(!empty.budget.open);
+        // One refill period (6 minutes at 10 an hour), not 9 hours and 6 minutes.
         assert_eq!(empty.budget.reset, Duration::from_secs(360));
     }
 

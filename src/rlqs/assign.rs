@@ -5,8 +5,9 @@
 //! or for a fixed window whatever is left of it until the reset), and whose size is a small
 //! fraction of its share of what is left ([`BURST_FRACTION`]): Envoy starts every changed
 //! assignment full, so the size is what one change can admit at once. The rates of all
-//! streams add up to `(1 - BURST_FRACTION)` of the limit, leaving the bursts room. A spent
-//! budget is `DENY_ALL` until it refills.
+//! streams add up to `(1 - BURST_FRACTION - ESTIMATE_MARGIN)` of the limit, leaving the
+//! bursts room, and the error of shares estimated from 5 s reports. A spent budget is
+//! `DENY_ALL` until it refills.
 //!
 //! Every duration is whole seconds, as Envoy reads them
 //! (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` reads only
@@ -19,6 +20,10 @@ use crate::rules::{Algorithm, Policy};
 
 /// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
 pub const BURST_FRACTION: f64 = 0.05;
+/// The part of the limit left out of the rates for the error of the shares: each stream
+/// estimates everyone else's demand from counters read at its own report, and those
+/// estimates, noisy, added up to 1.07 of the limit (mean; 1.12 at worst) with 10 Envoys.
+pub const ESTIMATE_MARGIN: f64 = 0.05;
 /// A pushed rate stands while the new one is at most this much lower...
 pub const LOWER_BY: f64 = 0.10;
 /// ...or at most this much higher. A wider upward band let two streams whose shares had
@@ -132,7 +137,7 @@ pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> 
         _ => u64::from(policy.requests_per_unit),
     };
     let burst = (share * capacity.min(budget.remaining) as f64 * BURST_FRACTION).ceil();
-    let rate = share * per_second * (1.0 - BURST_FRACTION);
+    let rate = share * per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN);
     Assignment {
         strategy: token_bucket(burst, rate),
         ttl,
@@ -234,8 +239,8 @@ mod tests {
         let whole = size(&policy, open(1000, 1000), 1.0, INTERVAL);
         let third = size(&policy, open(1000, 1000), 1.0 / 3.0, INTERVAL);
         assert_eq!(whole.ttl, Duration::from_secs(15));
-        assert!((rate(&whole.strategy) - 950.0).abs() < 1.0);
-        assert!((rate(&third.strategy) - 950.0 / 3.0).abs() < 1.0);
+        assert!((rate(&whole.strategy) - 900.0).abs() < 1.0);
+        assert!((rate(&third.strategy) - 900.0 / 3.0).abs() < 1.0);
         let Strategy::TokenBucket { max_tokens, .. } = whole.strategy else {
             unreachable!()
         };
@@ -269,11 +274,11 @@ mod tests {
         let policy = Policy::fixed_window(600, Unit::Minute);
         // 60 left for the 30 s to the reset: 2 a second, not 10.
         let left = size(&policy, open(60, 30_000), 1.0, INTERVAL);
-        assert!((rate(&left.strategy) - 2.0 * 0.95).abs() < 0.01);
+        assert!((rate(&left.strategy) - 2.0 * 0.9).abs() < 0.01);
         // Near the reset the full rate stands.
         let near = size(&policy, open(1, 400), 1.0, INTERVAL);
         // Within the 0.5% that an integer tokens_per_fill may move it.
-        assert!((rate(&near.strategy) - 10.0 * 0.95).abs() < 0.05);
+        assert!((rate(&near.strategy) - 10.0 * 0.9).abs() < 0.05);
     }
 
     #[test]
@@ -289,9 +294,9 @@ mod tests {
             unreachable!()
         };
         assert_eq!(max_tokens, 2);
-        // 0.5 * 60 * 0.95 per hour: 28.5 tokens over the longest fill interval, an hour.
+        // 0.5 * 60 * 0.9 per hour: 27 tokens over the longest fill interval, an hour.
         assert_eq!(fill_interval, Duration::from_secs(3600));
-        assert!((28..=29).contains(&tokens_per_fill));
+        assert_eq!(tokens_per_fill, 27);
     }
 
     #[test]

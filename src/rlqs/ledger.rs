@@ -187,22 +187,26 @@ impl OwnDemand {
     }
 }
 
-/// A stream's share of a bucket: its demand rate (`own_rate` a second) over everyone's,
-/// the others' read from the shared counter (`total`) less its own counter
-/// (`own_count`), over the time the counters hold: the demand window, or less while the
-/// stream's own counter holds less than a window (every stream new), as its own count over
-/// its own rate says. The stream counts at least one request per demand window, so a quiet
-/// stream still gets room for its next one.
-pub fn share(own_rate: f64, own_count: u64, total: u64) -> f64 {
+/// The demand rate of every other stream of a bucket: the shared counter (`total`) less
+/// the stream's own counter (`own_count`), over the time the counters hold: the demand
+/// window, or less while the stream's own counter holds less than a window (every stream
+/// new), as its own count over its own rate (`own_rate`) says.
+pub fn others_rate(own_rate: f64, own_count: u64, total: u64) -> f64 {
     let window = DEMAND_WINDOW.as_secs_f64();
-    let own = own_rate.max(1.0 / window);
     let held = if own_rate > 0.0 {
         (own_count as f64 / own_rate).clamp(1.0, window)
     } else {
         window
     };
-    let others = total.saturating_sub(own_count) as f64 / held;
-    own / (others + own)
+    total.saturating_sub(own_count) as f64 / held
+}
+
+/// A stream's share of a bucket: its demand rate (`own_rate` a second) over everyone's
+/// (`others` a second besides). The stream counts at least one request per demand window,
+/// so a quiet stream still gets room for its next one.
+pub fn share(own_rate: f64, others: f64) -> f64 {
+    let own = own_rate.max(1.0 / DEMAND_WINDOW.as_secs_f64());
+    own / (others.max(0.0) + own)
 }
 
 #[cfg(test)]
@@ -324,12 +328,13 @@ descriptors:
     #[test]
     fn a_share_is_the_streams_rate_over_everyones_and_at_least_one_request() {
         // 5/s of its own, 15/s of others (150 counted over 10 s beside its own 60).
-        assert_eq!(share(5.0, 60, 210), 0.25);
-        assert_eq!(share(0.0, 0, 0), 1.0);
-        assert_eq!(share(0.0, 0, 9), 0.1 / 1.0);
+        assert_eq!(others_rate(5.0, 60, 210), 15.0);
+        assert_eq!(share(5.0, 15.0), 0.25);
+        assert_eq!(share(0.0, others_rate(0.0, 0, 0)), 1.0);
+        assert_eq!(share(0.0, others_rate(0.0, 0, 9)), 0.1 / 1.0);
         // A total that lags the stream's own count (another clock) leaves it all.
-        assert_eq!(share(3.0, 30, 20), 1.0);
+        assert_eq!(share(3.0, others_rate(3.0, 30, 20)), 1.0);
         // Every stream new: 4 s of demand held, 20/s of its own and as much of another.
-        assert_eq!(share(20.0, 80, 160), 0.5);
+        assert_eq!(others_rate(20.0, 80, 160), 20.0);
     }
 }

@@ -422,8 +422,12 @@ impl Stream {
                         ttl,
                     }
                 } else {
-                    let share =
-                        ledger::share(bucket.demand_rate, bucket.own_count, reading.total_demand);
+                    let others = ledger::others_rate(
+                        bucket.demand_rate,
+                        bucket.own_count,
+                        reading.total_demand,
+                    );
+                    let share = ledger::share(bucket.demand_rate, others);
                     refill = Some(reading.budget.reset);
                     assign::size(&quota.policy, reading.budget, share, bucket.interval)
                 }

@@ -751,21 +751,21 @@ async fn buckets_past_the_bound_are_left_unanswered_and_the_stream_stays_open() 
         ),
         Some(2.0)
     );
-    // A connection's streams together hold at most 4 streams' worth: on one connection,
-    // a fifth stream's buckets are left unanswered too, and its stream stays open.
+    // A connection's streams together hold at most 2 streams' worth: on one connection,
+    // a third stream's buckets are left unanswered too, and its stream stays open.
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
         .expect("uri")
         .connect()
         .await
         .expect("connects");
     let mut streams = Vec::new();
-    for stream in 0..5 {
+    for stream in 0..3 {
         let mut quota = Quota::on(channel.clone()).await;
         let values: Vec<String> = (0..3).map(|i| format!("c{stream}-{i}")).collect();
         let ids: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("route", v.as_str())]).collect();
         let three: Vec<Reported<'_>> = ids.iter().map(|id| (&id[..], 1, 0)).collect();
         quota.send(usages("web", &three)).await;
-        if stream < 4 {
+        if stream < 2 {
             let answered = quota.next().await.expect("answered");
             assert_eq!(answered.bucket_action.len(), 3, "stream {stream}");
         }
@@ -779,22 +779,22 @@ async fn buckets_past_the_bound_are_left_unanswered_and_the_stream_stays_open() 
         ) == Some(5.0)
     })
     .await;
-    assert!(skipped, "the fifth stream's buckets were not skipped");
-    // The fifth stream is open: its bucket is answered once another stream has gone.
+    assert!(skipped, "the third stream's buckets were not skipped");
+    // The third stream is open: its bucket is answered once another stream has gone.
     drop(streams.remove(0));
-    let fifth = streams.last_mut().expect("the fifth");
+    let third = streams.last_mut().expect("the third");
     let freed = common::eventually(Duration::from_secs(10), async || {
-        fifth
-            .send(usages("web", &[(&[("route", "c4-0")], 1, 0)]))
+        third
+            .send(usages("web", &[(&[("route", "c2-0")], 1, 0)]))
             .await;
-        tokio::time::timeout(Duration::from_millis(500), fifth.answers.message())
+        tokio::time::timeout(Duration::from_millis(500), third.answers.message())
             .await
             .is_ok_and(|answer| answer.is_ok_and(|answer| answer.is_some()))
     })
     .await;
     assert!(
         freed,
-        "the fifth stream got no answer after another stream went"
+        "the third stream got no answer after another stream went"
     );
     server.stop().await;
 }

@@ -14,7 +14,7 @@ pub const DEFAULT_RLQS_ABANDON_AFTER: &str = "60s";
 /// The quota service (RLQS).
 #[derive(Debug, Clone, Args)]
 pub struct RlqsArgs {
-    /// Most buckets one RLQS stream may hold (a connection's streams 4x as many, the process
+    /// Most buckets one RLQS stream may hold (a connection's streams 2x as many, the process
     /// 20x); a bucket past it is left unanswered, and the stream stays open.
     #[arg(
         long,

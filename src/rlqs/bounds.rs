@@ -11,8 +11,9 @@ use parking_lot::Mutex;
 use crate::overload::ConnectionId;
 
 /// A connection's streams together hold at most this many times `--rlqs-max-buckets`
-/// (Envoy opens one stream per domain, so a few domains fit).
-pub const CONNECTION_STREAMS: usize = 4;
+/// (Envoy opens one stream per domain, so two full domains fit; 40 streams of 10,000
+/// buckets on one connection then take under 64 MiB).
+pub const CONNECTION_STREAMS: usize = 2;
 /// The process holds at most this many times `--rlqs-max-buckets` (200,000 by default,
 /// about 150 MiB at the largest ids a stream may hold on average).
 pub const PROCESS_STREAMS: usize = 20;

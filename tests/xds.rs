@@ -829,3 +829,29 @@ async fn files_reject_by_default_and_the_flag_makes_them_consume() {
         server.stop().await;
     }
 }
+
+/// A request under a per-model and a per-tenant budget is denied by whichever is spent;
+/// under `reject` the denial books nothing on the other, under `consume` both book the cost
+/// (Kuadrant/limitador#513 is the failure to avoid: a denial charged to the other budget
+/// under `reject`).
+#[tokio::test]
+async fn the_spent_budget_denies_and_the_accounting_decides_what_the_other_books() {
+    let rules = "domain: ai\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 10000}\n  - key: model\n    rate_limit: {unit: hour, requests_per_unit: 10000}\n";
+    for (flag, model_left) in [(None, 10_000), (Some(OnOverLimit::Consume), 9_500)] {
+        let server = TestServer::start_with(&[("ai.yaml", rules)], move |settings| {
+            settings.on_over_limit = flag;
+        })
+        .await;
+        let mut client = server.client().await;
+        let (tenant, model) = ([("tenant", "t1")], [("model", "m1")]);
+        should_rate_limit(&mut client, request("ai", vec![costing(&tenant, 10_000)])).await;
+        let both = request("ai", vec![costing(&model, 500), costing(&tenant, 500)]);
+        let answer = should_rate_limit(&mut client, both).await;
+        // 2 = OVER_LIMIT: the tenant's budget is spent, the model's is not.
+        assert_eq!(answer.overall_code, 2, "{flag:?}");
+        assert_eq!(answer.statuses[0].code, 1, "{flag:?}");
+        let peek = should_rate_limit(&mut client, request("ai", vec![costing(&model, 0)])).await;
+        assert_eq!(peek.statuses[0].limit_remaining, model_left, "{flag:?}");
+        server.stop().await;
+    }
+}

@@ -830,8 +830,9 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
         latency = many["push_latency_ms"]
         lines += ["## RLQS: simulated Envoys on quota streams", "",
                   f"One rule of {RLQS_LIMIT:,} a second; each simulated Envoy enforces what it "
-                  "is assigned as Envoy's filter does and reports every 0.5 s; "
-                  f"{RLQS_SECONDS} s runs on fresh servers, the first 3 s left out; the "
+                  "is assigned as Envoy's filter does and reports as Envoy does (at once "
+                  "for a new bucket, then every 5 s); "
+                  f"{RLQS_SECONDS} s runs on fresh servers, the first 20 s left out; the "
                   "replicas on the first CPU, the bench and Redis on the other(s).", "",
                   rlqs_table(rlqs_runs), "",
                   f"With {many['streams']:,} streams x {many['buckets']} buckets on memory: "

@@ -281,7 +281,8 @@ async fn a_fresh_replica_bounds_its_redis_queue_before_any_call_completes() {
         call.set_timeout(Duration::from_secs(1));
         call
     };
-    let calls: Vec<_> = (0..200)
+    // Twice what fits, so that a loaded machine, which spreads the arrivals, still fills it.
+    let calls: Vec<_> = (0..400)
         .map(|_| {
             let mut client = client.clone();
             let call = wide();
@@ -294,7 +295,7 @@ async fn a_fresh_replica_bounds_its_redis_queue_before_any_call_completes() {
     }
     let shed = shed_count(&server, "backlog").await;
     redis.signal("CONT");
-    // 200 calls of 64 charges, 900 ms of room each: at 20 us a charge and 4 times the wait,
+    // 400 calls of 64 charges, 900 ms of room each: at 20 us a charge and 4 times the wait,
     // about 175 fit in the queue; the rest must be shed, not queued.
     assert!(shed >= 10, "{shed} calls shed for the backlog");
     server.stop().await;

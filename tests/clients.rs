@@ -101,15 +101,23 @@ async fn python_and_node_clients_are_answered_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_and_node_clients_are_answered_over_the_unix_socket() {
+    on_a_unix_socket(("clients.yaml", CONFIG), async |target| {
+        every_client_is_answered(target).await;
+    })
+    .await;
+}
+
+/// Runs `check` with the target of a server of `rules` that listens on a unix socket.
+async fn on_a_unix_socket(rules: (&str, &str), check: impl AsyncFnOnce(&str)) {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("rl.sock");
+    let socket = dir.path().join("grpc.sock");
     let grpc_addr = format!("unix:{}", socket.display());
     let target = grpc_addr.clone();
-    let server = TestServer::start_with(&[("clients.yaml", CONFIG)], move |settings| {
+    let server = TestServer::start_with(&[rules], move |settings| {
         settings.grpc_addr = grpc_addr;
     })
     .await;
-    every_client_is_answered(&target).await;
+    check(&target).await;
     server.stop().await;
 }
 
@@ -183,14 +191,8 @@ async fn envoy_data_plane_rlqs_reports_are_decoded_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_data_plane_rlqs_reports_are_decoded_over_the_unix_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("rlqs.sock");
-    let grpc_addr = format!("unix:{}", socket.display());
-    let target = grpc_addr.clone();
-    let server = TestServer::start_with(&[("clients-rlqs.yaml", RLQS_CONFIG)], move |settings| {
-        settings.grpc_addr = grpc_addr;
+    on_a_unix_socket(("clients-rlqs.yaml", RLQS_CONFIG), async |target| {
+        rlqs_reports_are_answered(target).await;
     })
     .await;
-    rlqs_reports_are_answered(&target).await;
-    server.stop().await;
 }

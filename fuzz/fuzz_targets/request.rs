@@ -110,7 +110,7 @@ async fn decide(
     service: &RlsService,
     request: &RateLimitRequest,
 ) -> Option<floodgate::proto::rls::RateLimitResponse> {
-    match service.decide(request, None, None).await {
+    match service.decide(request, floodgate::overload::Caller::default()).await {
         Ok(response) => {
             assert_eq!(response.statuses.len(), request.descriptors.len());
             assert_ne!(response.overall_code, ProtoCode::Unknown as i32);

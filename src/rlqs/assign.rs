@@ -20,6 +20,10 @@ use crate::rules::{Algorithm, Policy};
 
 /// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
 pub const BURST_FRACTION: f64 = 0.05;
+/// The most a burst holds, in seconds of the rule's rate: a change of assignment starts a
+/// full bucket, and with 5% of a minute's limit each change of 10 streams handed out 3,000
+/// of 60,000 tokens at once (1.075 of the limit per minute).
+pub const BURST_SECONDS: f64 = 1.0;
 /// The part of the limit left out of the rates for the error of the shares: each stream
 /// estimates everyone else's demand from counters read at its own report, and those
 /// estimates, noisy, added up to 1.07 of the limit (mean; 1.12 at worst) with 10 Envoys.
@@ -136,7 +140,9 @@ pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> 
         Algorithm::TokenBucket => u64::from(policy.burst),
         _ => u64::from(policy.requests_per_unit),
     };
-    let burst = (share * capacity.min(budget.remaining) as f64 * BURST_FRACTION).ceil();
+    let burst =
+        (capacity.min(budget.remaining) as f64 * BURST_FRACTION).min(per_second * BURST_SECONDS);
+    let burst = (share * burst).ceil();
     let rate = share * per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN);
     Assignment {
         strategy: token_bucket(burst, rate),
@@ -248,6 +254,18 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_holds_at_most_a_second_of_the_rate() {
+        let minute = Policy::fixed_window(60_000, Unit::Minute);
+        let Strategy::TokenBucket { max_tokens, .. } =
+            size(&minute, open(60_000, 59_000), 0.1, INTERVAL).strategy
+        else {
+            unreachable!()
+        };
+        // A tenth of one second's 1,000, not a tenth of 5% of 60,000.
+        assert_eq!(max_tokens, 100);
+    }
+
+    #[test]
     fn a_spent_budget_is_denied_until_the_refill() {
         let policy = Policy::fixed_window(10, Unit::Minute);
         let spent = Budget {
@@ -293,7 +311,8 @@ mod tests {
         else {
             unreachable!()
         };
-        assert_eq!(max_tokens, 2);
+        // Less than a second's rate: the one token every bucket holds.
+        assert_eq!(max_tokens, 1);
         // 0.5 * 60 * 0.9 per hour: 27 tokens over the longest fill interval, an hour.
         assert_eq!(fill_interval, Duration::from_secs(3600));
         assert_eq!(tokens_per_fill, 27);

@@ -132,7 +132,7 @@ async fn serve(
         let actions = tokio::select! {
             report = reports.message() => match report {
                 Ok(Some(report)) => match stream.report(report).await {
-                    Ok(answered) => skipped(answered),
+                    Ok(answered) => log_skipped(answered),
                     Err(invalid) => {
                         tracing::warn!(error = %invalid, "RLQS stream ended: a bad report");
                         metrics.stream_ended("bad_domain");
@@ -170,7 +170,7 @@ async fn serve(
 }
 
 /// The actions of a report, after logging what it skipped.
-fn skipped(answered: Answered) -> Vec<BucketAction> {
+fn log_skipped(answered: Answered) -> Vec<BucketAction> {
     if let Some(first) = answered.skipped.first() {
         tracing::warn!(
             skipped = answered.skipped.len(),

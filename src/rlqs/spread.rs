@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::algorithm::div_ceil;
 use crate::rules::{Algorithm, Policy};
 
 /// What to book now of `allowed` requests spread over the `elapsed` before `now_ms`.
@@ -28,21 +29,17 @@ pub fn booked_now(policy: &Policy, allowed: u64, elapsed: Duration, now_ms: i64)
     }
     let allowed = i128::from(allowed);
     let booked = match policy.algorithm {
-        Algorithm::FixedWindow => ceil_div(allowed * into, spread),
+        Algorithm::FixedWindow => div_ceil(allowed * into, spread),
         Algorithm::SlidingWindow => {
             let previous = (spread - into).min(window);
             // `previous * (window - into) / window` of the previous window's part still counts.
             let current = allowed * into * window;
             let fading = allowed * previous * (window - into);
-            ceil_div(current + fading, spread * window)
+            div_ceil(current + fading, spread * window)
         }
         Algorithm::TokenBucket | Algorithm::SlidingLog => allowed,
     };
     u64::try_from(booked.clamp(0, allowed)).unwrap_or(u64::MAX)
-}
-
-fn ceil_div(numerator: i128, denominator: i128) -> i128 {
-    (numerator + denominator - 1).div_euclid(denominator)
 }
 
 #[cfg(test)]

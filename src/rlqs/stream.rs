@@ -74,7 +74,6 @@ struct Tracked {
     rule: QuotaRule,
     /// The client's reporting interval, as its reports' `time_elapsed` say.
     interval: Duration,
-    last_report: Instant,
     /// The latest report with any demand (or the bucket's first).
     last_demand: Instant,
     /// Allowed requests reported but not yet booked (the backend failed).
@@ -257,7 +256,6 @@ impl Stream {
         };
         let bucket = &mut self.buckets[at];
         bucket.learn_interval(usage.elapsed);
-        bucket.last_report = now;
         let demand = usage.allowed.saturating_add(usage.denied);
         if demand > 0 {
             bucket.last_demand = now;
@@ -296,7 +294,6 @@ impl Stream {
             id,
             rule,
             interval: DEFAULT_INTERVAL,
-            last_report: now,
             last_demand: now,
             unbooked: 0,
             unbooked_demand: 0,
@@ -523,7 +520,6 @@ mod tests {
             id: Arc::new(vec![("k".to_owned(), "v".to_owned())]),
             rule: QuotaRule::Unlimited,
             interval: DEFAULT_INTERVAL,
-            last_report: now,
             last_demand: now,
             unbooked: 0,
             unbooked_demand: 0,

@@ -9,8 +9,8 @@
 mod local_cache;
 mod quota;
 pub mod request;
+mod resolve;
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -30,6 +30,7 @@ use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
+use resolve::{Resolved, resolve};
 
 /// What to answer when the backend fails (docs/requests.md#backend-failure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -658,82 +659,6 @@ fn check_sliding_log_work(slots: &[Slot]) -> Result<(), LimitError> {
         ))));
     }
     Ok(())
-}
-
-/// A descriptor's rule, its bucket (limited rules only) and its rule counters.
-type Resolved = (Arc<Rule>, Option<BucketKey>, Arc<RuleCounters>);
-
-/// Finds the rule, bucket and metric series of one descriptor; the override, when present in
-/// a known domain, replaces the configured rule as in the reference service.
-fn resolve(
-    rules: &RuleSet,
-    metrics: &Metrics,
-    accounting: OnOverLimit,
-    domain: &str,
-    descriptor: &Descriptor,
-) -> Option<Resolved> {
-    let entries = &descriptor.entries;
-    if let Some(limit) = descriptor.limit_override {
-        let rule = Arc::new(override_rule(domain, entries, limit, accounting));
-        let policy = *rule.policy()?;
-        let levels = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let bucket = BucketKey::new(domain, &rule.path, levels, &policy);
-        // Label by the entry keys only (values would be one series per client); the keys come
-        // from requests too, so the series is capped like any request-made one.
-        let keys: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
-        let counters = metrics.series(domain, None, &keys.join("."));
-        return Some((rule, Some(bucket), counters));
-    }
-    let matched = rules.matcher.lookup(domain, entries)?;
-    // Only keys built from request values need the capped lookup.
-    let counters = match matched.metric_key(entries) {
-        Cow::Borrowed(_) => rules.rule_series(metrics, &matched),
-        Cow::Owned(key) => metrics.series(domain, Some(&matched.rule.path), &key),
-    };
-    let rule = Arc::clone(matched.rule);
-    let bucket = rule.policy().map(|policy| {
-        let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));
-        BucketKey::new(domain, &rule.path, levels, policy)
-    });
-    Some((rule, bucket, counters))
-}
-
-/// The fixed-window rule an Envoy limit override stands for. Its path is the reference's
-/// descriptor key (`k1_v1.k2_v2`), which names its bucket (its metrics are named by the
-/// entry keys only, see `resolve`).
-fn override_rule(
-    domain: &str,
-    entries: &[(String, String)],
-    limit: LimitOverride,
-    accounting: OnOverLimit,
-) -> Rule {
-    let path = entries
-        .iter()
-        .map(|(key, value)| {
-            if value.is_empty() {
-                key.clone()
-            } else {
-                format!("{key}_{value}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(".");
-    Rule {
-        domain: domain.to_owned(),
-        path,
-        name: None,
-        replaces: Vec::new(),
-        limit: Limit::Limited(Policy {
-            on_over_limit: accounting,
-            ..Policy::fixed_window(limit.requests_per_unit, limit.unit)
-        }),
-        sets_accounting: false,
-        shadow_mode: false,
-        quota_mode: false,
-        detailed_metric: false,
-        value_to_metric: false,
-        metadata: None,
-    }
 }
 
 /// The outcome of a rule with `L = 0`: denied until the current window ends (wall clock).

@@ -5,7 +5,7 @@ CARGO ?= cargo
 
 ci: clients fmt-check clippy test check-config deploy-check fuzz docs-check
 
-# The third-party gRPC clients of tests/clients.rs: Python grpcio and envoy-data-plane in a
+# The third-party gRPC clients of tests/it/clients.rs: Python grpcio and envoy-data-plane in a
 # venv under target/,
 # Node grpc-js from tests/clients/package-lock.json.
 clients:

@@ -22,7 +22,7 @@ WORKDIR/rules.txt (those directories and where their files come from), and check
 - the Grafana dashboards parse, and every panel queries Prometheus through the dashboard's
   data source variable; the Prometheus rule files parse and every alert has an expression,
   a severity and a summary (that every metric they name exists is checked against a real
-  service by `cargo test --test metrics`).
+  service by `cargo test --test it metrics::`).
 
 Exits 1 after reporting every failure.
 """

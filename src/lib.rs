@@ -1,6 +1,6 @@
 //! floodgate: a global rate-limit service for Envoy and Istio.
 //!
-//! Module map, top down: a module uses only modules listed below it (`tests/layering.rs`
+//! Module map, top down: a module uses only modules listed below it (`tests/it/layering.rs`
 //! checks this), and nothing below `service` knows about gRPC.
 //!
 //! - `cli`: the command line (`serve`, `check-config`, `bench`), every serve setting with its

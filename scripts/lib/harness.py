@@ -3,7 +3,7 @@ Clusters, floodgate replicas and `floodgate bench` runs, all on 127.0.0.1.
 
 Every process started here is registered by pid and killed by `Harness.close()` (called
 from `finally` and from SIGINT/SIGTERM handlers), so an interrupted script leaves nothing
-running. Every wait polls a condition with a bound, as tests/common/redis.rs does.
+running. Every wait polls a condition with a bound, as tests/it/common/redis.rs does.
 """
 
 import json

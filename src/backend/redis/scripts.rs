@@ -14,7 +14,7 @@
 //!
 //! A retry never repeats a call that ran: both errors mean the script did not start.
 //!
-//! `tests/lua.rs` writes every assembled script and the library under
+//! `tests/it/lua.rs` writes every assembled script and the library under
 //! `target/lua-assembled/` (`ScriptSet::assembled`), to read what Redis actually runs.
 
 use std::borrow::Cow;
@@ -391,7 +391,7 @@ impl ScriptSet {
     }
 
     /// Every script as Redis receives it, named after its file (`fixed_window.lua`, ...,
-    /// `batch.lua`), and the function library (`library.lua`): what `tests/lua.rs` writes
+    /// `batch.lua`), and the function library (`library.lua`): what `tests/it/lua.rs` writes
     /// under `target/lua-assembled/` for a reader.
     pub fn assembled(&self) -> Vec<(String, String)> {
         Algorithm::ALL

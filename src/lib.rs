@@ -24,6 +24,8 @@
 //! - `limiter`: evaluates one request: matcher + backend -> statuses and overall code.
 //! - `config`: loads and validates the YAML domain files into `rules` and `matcher` input.
 //! - `matcher`: the compiled descriptor tree; (domain, entries) -> rule. Pure.
+//! - `top`: who is being limited: per rule, the heaviest denied and near-limit keys of the
+//!   last minute, in bounded memory (`/top`).
 //! - `otel`: OpenTelemetry tracing over OTLP (off by default) and the spans it exports.
 //! - `metrics`: every exported metric, on one Prometheus registry.
 //! - `backend`: where bucket state lives (memory, Redis, Redis Cluster) and the bucket keys.
@@ -63,4 +65,5 @@ pub mod shutdown;
 pub mod statsd;
 pub mod telemetry;
 pub mod tls;
+pub mod top;
 pub mod xds;

@@ -1,0 +1,426 @@
+//! Who is being limited: per rule, the descriptor values with the most denied hits and the
+//! most hits near their limit over the last minute, in a memory bound that no key
+//! cardinality can move (docs/operations.md#top-keys).
+//!
+//! Each rule keeps two [`SpaceSaving`] summaries per kind, one per half minute: the current
+//! half and the one before it, so a reading covers between 30 and 60 s. A value is shown as
+//! `#` and the first 16 hex digits of the SHA-256 of its text (`key=value`, levels joined by
+//! `/`) unless the operator opts in to values: those are often addresses or API keys.
+
+pub mod sketch;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::backend::BucketKey;
+pub use sketch::{Counted, SpaceSaving};
+
+/// Length of one of the two halves a reading covers.
+pub const HALF: Duration = Duration::from_secs(30);
+/// Keys each summary holds by default (`--top-capacity`).
+pub const DEFAULT_CAPACITY: usize = 512;
+/// Most rules (live and candidate) with summaries at once; rules past it are not ranked.
+pub const MAX_RANKED_RULES: usize = 256;
+/// Longest value text kept when values are shown (longer ones are cut, with `…`).
+pub const MAX_SHOWN_BYTES: usize = 256;
+
+/// How top keys are kept and shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopOptions {
+    /// Keys each summary holds.
+    pub capacity: usize,
+    /// Show descriptor values instead of their hashes.
+    pub show_values: bool,
+}
+
+impl Default for TopOptions {
+    fn default() -> TopOptions {
+        TopOptions {
+            capacity: DEFAULT_CAPACITY,
+            show_values: false,
+        }
+    }
+}
+
+/// What a rule's hit counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Over the limit (or, for a candidate rule, would have been).
+    Denied,
+    /// Admitted past 80% of the capacity (the reference's `near_limit`).
+    NearLimit,
+}
+
+/// How a held key is shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Label {
+    /// The first 8 bytes of the SHA-256 of the value text.
+    Hashed(u64),
+    /// The value text, cut at [`MAX_SHOWN_BYTES`].
+    Shown(Box<str>),
+}
+
+impl Label {
+    fn of(levels: &[(String, String)], show_values: bool) -> Label {
+        let text = level_text(levels);
+        if show_values {
+            let mut end = text.len().min(MAX_SHOWN_BYTES);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let mut shown = text[..end].to_owned();
+            if end < text.len() {
+                shown.push('…');
+            }
+            return Label::Shown(shown.into_boxed_str());
+        }
+        let digest = Sha256::digest(text.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Label::Hashed(u64::from_be_bytes(first))
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Label::Hashed(hash) => write!(f, "#{hash:016x}"),
+            Label::Shown(text) => f.write_str(text),
+        }
+    }
+}
+
+/// `k1=v1/k2=v2`: the text a key is shown as, or hashed from.
+pub fn level_text(levels: &[(String, String)]) -> String {
+    let mut text = String::new();
+    for (i, (key, value)) in levels.iter().enumerate() {
+        if i > 0 {
+            text.push('/');
+        }
+        text.push_str(key);
+        text.push('=');
+        text.push_str(value);
+    }
+    text
+}
+
+/// Which rule a summary belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RuleName {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's descriptor path.
+    pub path: String,
+    /// The rule's `name`, if it has one.
+    pub name: Option<String>,
+    /// Whether it is a candidate rule (`--candidate-config`).
+    pub candidate: bool,
+}
+
+/// A key as read: its label, estimated weight and the most the estimate may be off by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranked {
+    /// How the key is shown.
+    pub key: String,
+    /// Estimated weight over the reading's span.
+    pub count: u64,
+    /// The true weight lies within `count - error ..= count + error`.
+    pub error: u64,
+}
+
+/// One rule's reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleReading {
+    /// The rule.
+    pub rule: RuleName,
+    /// Every denied weight over the span, exactly.
+    pub denied_total: u64,
+    /// Every near-limit weight over the span, exactly.
+    pub near_limit_total: u64,
+    /// The heaviest denied keys, heaviest first.
+    pub denied: Vec<Ranked>,
+    /// The heaviest near-limit keys, heaviest first.
+    pub near_limit: Vec<Ranked>,
+}
+
+/// The two halves of one kind.
+struct Halves {
+    current: SpaceSaving<BucketKey, Label>,
+    previous: SpaceSaving<BucketKey, Label>,
+}
+
+impl Halves {
+    fn new(capacity: usize) -> Halves {
+        Halves {
+            current: SpaceSaving::new(capacity),
+            previous: SpaceSaving::new(capacity),
+        }
+    }
+
+    /// The keys of both halves, heaviest first, at most `limit`.
+    fn ranked(&self, limit: usize) -> Vec<Ranked> {
+        let mut merged: HashMap<BucketKey, Ranked> = HashMap::new();
+        for (half, other) in [
+            (&self.current, &self.previous),
+            (&self.previous, &self.current),
+        ] {
+            for held in half.held() {
+                merged.entry(held.key).or_insert_with(|| {
+                    // In the other half the key is held with its own error, or was at most
+                    // that half's smallest count.
+                    let (count, error) = match other.get(&held.key) {
+                        Some(there) => (held.count + there.count, held.error + there.error),
+                        None => (held.count, held.error + other.unheld_bound()),
+                    };
+                    Ranked {
+                        key: held.label.to_string(),
+                        count,
+                        error,
+                    }
+                });
+            }
+        }
+        let mut ranked: Vec<Ranked> = merged.into_values().collect();
+        ranked.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+        ranked.truncate(limit);
+        ranked
+    }
+
+    fn total(&self) -> u64 {
+        self.current.total() + self.previous.total()
+    }
+}
+
+/// One rule's summaries.
+pub struct RuleTop {
+    name: RuleName,
+    show_values: bool,
+    state: Mutex<RuleState>,
+}
+
+struct RuleState {
+    capacity: usize,
+    /// When the current half began.
+    started: Instant,
+    denied: Halves,
+    near_limit: Halves,
+}
+
+impl RuleState {
+    /// Moves to a new half when the current one is over; both are cleared after a silence of
+    /// two halves.
+    fn roll(&mut self, now: Instant) {
+        let age = now.saturating_duration_since(self.started);
+        if age < HALF {
+            return;
+        }
+        for halves in [&mut self.denied, &mut self.near_limit] {
+            let current = std::mem::replace(&mut halves.current, SpaceSaving::new(self.capacity));
+            halves.previous = if age < 2 * HALF {
+                current
+            } else {
+                SpaceSaving::new(self.capacity)
+            };
+        }
+        self.started = now;
+    }
+}
+
+impl RuleTop {
+    /// Counts `weight` of `kind` for the bucket `key`, whose matched levels are `levels`.
+    pub fn offer(&self, kind: Kind, key: BucketKey, levels: &[(String, String)], weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        let mut state = self.state.lock();
+        state.roll(Instant::now());
+        let halves = match kind {
+            Kind::Denied => &mut state.denied,
+            Kind::NearLimit => &mut state.near_limit,
+        };
+        halves
+            .current
+            .offer(key, weight, || Label::of(levels, self.show_values));
+    }
+
+    /// The rule's heaviest keys of each kind, at most `limit` each.
+    pub fn read(&self, limit: usize) -> RuleReading {
+        let mut state = self.state.lock();
+        state.roll(Instant::now());
+        RuleReading {
+            rule: self.name.clone(),
+            denied_total: state.denied.total(),
+            near_limit_total: state.near_limit.total(),
+            denied: state.denied.ranked(limit),
+            near_limit: state.near_limit.ranked(limit),
+        }
+    }
+}
+
+/// Every rule's summaries, by rule.
+pub struct TopKeys {
+    options: TopOptions,
+    rules: RwLock<HashMap<RuleName, Arc<RuleTop>>>,
+}
+
+impl TopKeys {
+    /// No rule ranked yet.
+    pub fn new(options: TopOptions) -> TopKeys {
+        TopKeys {
+            options,
+            rules: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Whether values are shown rather than hashed.
+    pub fn shows_values(&self) -> bool {
+        self.options.show_values
+    }
+
+    /// The summaries of `name`, made on first use; `None` once [`MAX_RANKED_RULES`] rules
+    /// have them. A summary holds no keys until the rule has a denied or near-limit hit.
+    pub fn rule(&self, name: RuleName) -> Option<Arc<RuleTop>> {
+        if let Some(top) = self.rules.read().get(&name) {
+            return Some(Arc::clone(top));
+        }
+        let mut rules = self.rules.write();
+        if rules.len() >= MAX_RANKED_RULES && !rules.contains_key(&name) {
+            return None;
+        }
+        let top = rules.entry(name.clone()).or_insert_with(|| {
+            Arc::new(RuleTop {
+                name,
+                show_values: self.options.show_values,
+                state: Mutex::new(RuleState {
+                    capacity: self.options.capacity,
+                    started: Instant::now(),
+                    denied: Halves::new(self.options.capacity),
+                    near_limit: Halves::new(self.options.capacity),
+                }),
+            })
+        });
+        Some(Arc::clone(top))
+    }
+
+    /// Drops the summaries of rules for which `keep` is false (after a reload).
+    pub fn retain(&self, keep: impl Fn(&RuleName) -> bool) {
+        self.rules.write().retain(|name, _| keep(name));
+    }
+
+    /// Every ranked rule's reading, at most `limit` keys of each kind per rule; rules with
+    /// nothing in the span are left out.
+    pub fn read(&self, limit: usize) -> Vec<RuleReading> {
+        let tops: Vec<Arc<RuleTop>> = self.rules.read().values().cloned().collect();
+        let mut readings: Vec<RuleReading> = tops
+            .iter()
+            .map(|top| top.read(limit))
+            .filter(|reading| reading.denied_total > 0 || reading.near_limit_total > 0)
+            .collect();
+        readings.sort_by(|a, b| {
+            b.denied_total
+                .cmp(&a.denied_total)
+                .then_with(|| b.near_limit_total.cmp(&a.near_limit_total))
+                .then_with(|| (&a.rule.domain, &a.rule.path).cmp(&(&b.rule.domain, &b.rule.path)))
+        });
+        readings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Policy, Unit};
+
+    fn name(path: &str) -> RuleName {
+        RuleName {
+            domain: "d".into(),
+            path: path.into(),
+            name: None,
+            candidate: false,
+        }
+    }
+
+    fn levels(value: &str) -> Vec<(String, String)> {
+        vec![("user".to_owned(), value.to_owned())]
+    }
+
+    fn key(value: &str) -> BucketKey {
+        let policy = Policy::fixed_window(1, Unit::Second);
+        BucketKey::new("d", "user", [("user", value)], &policy)
+    }
+
+    #[test]
+    fn values_are_hashed_unless_shown() {
+        let hashed = Label::of(&levels("10.0.0.1"), false).to_string();
+        // printf 'user=10.0.0.1' | sha256sum | cut -c1-16
+        let digest = Sha256::digest(b"user=10.0.0.1");
+        let expected: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hashed, format!("#{expected}"));
+        assert_eq!(
+            Label::of(&levels("10.0.0.1"), true).to_string(),
+            "user=10.0.0.1"
+        );
+        let long = Label::of(&levels(&"é".repeat(400)), true).to_string();
+        assert!(long.len() <= MAX_SHOWN_BYTES + '…'.len_utf8() && long.ends_with('…'));
+    }
+
+    #[test]
+    fn a_reading_ranks_both_halves_and_bounds_the_error() {
+        let top = TopKeys::new(TopOptions {
+            capacity: 2,
+            show_values: true,
+        });
+        let rule = top.rule(name("user")).unwrap();
+        rule.offer(Kind::Denied, key("a"), &levels("a"), 5);
+        rule.offer(Kind::Denied, key("b"), &levels("b"), 3);
+        {
+            let mut state = rule.state.lock();
+            state.started -= HALF;
+        }
+        rule.offer(Kind::Denied, key("a"), &levels("a"), 2);
+        rule.offer(Kind::Denied, key("c"), &levels("c"), 1);
+        rule.offer(Kind::NearLimit, key("c"), &levels("c"), 4);
+        let reading = rule.read(10);
+        assert_eq!(reading.denied_total, 11);
+        assert_eq!(reading.near_limit_total, 4);
+        let denied: Vec<(&str, u64, u64)> = reading
+            .denied
+            .iter()
+            .map(|r| (r.key.as_str(), r.count, r.error))
+            .collect();
+        // Both halves are full (2 keys): a key held in one half may have had up to the
+        // other half's smallest count there (1 now, 3 before).
+        assert_eq!(
+            denied,
+            [("user=a", 7, 0), ("user=b", 3, 1), ("user=c", 1, 3)]
+        );
+        assert_eq!(reading.near_limit[0].key, "user=c");
+    }
+
+    #[test]
+    fn a_silence_of_two_halves_clears_a_rule() {
+        let top = TopKeys::new(TopOptions::default());
+        let rule = top.rule(name("user")).unwrap();
+        rule.offer(Kind::Denied, key("a"), &levels("a"), 5);
+        rule.state.lock().started -= 2 * HALF;
+        assert!(top.read(10).is_empty());
+    }
+
+    #[test]
+    fn rules_past_the_bound_are_not_ranked() {
+        let top = TopKeys::new(TopOptions::default());
+        for i in 0..MAX_RANKED_RULES {
+            assert!(top.rule(name(&format!("r{i}"))).is_some());
+        }
+        assert!(top.rule(name("one-more")).is_none());
+        assert!(top.rule(name("r0")).is_some());
+        top.retain(|name| name.path != "r0");
+        assert!(top.rule(name("one-more")).is_some());
+    }
+}

@@ -150,6 +150,75 @@ pub struct Metrics {
     pub http2_resets: Family<Http2ResetLabels, Counter>,
     /// The quota service's (RLQS) streams, buckets, reports and assignments.
     pub rlqs: RlqsMetrics,
+    /// What the candidate rules (`--candidate-config`) would have decided.
+    pub candidates: CandidateMetrics,
+}
+
+/// The counters of one candidate rule (`floodgate_candidate_*{domain,key}`), weighted by
+/// cost like the per-rule series.
+#[derive(Clone, Default)]
+pub struct CandidateCounters {
+    /// Hits the candidate saw.
+    pub hits: Counter,
+    /// Hits it would have denied.
+    pub over_limit: Counter,
+    /// Hits of requests the live rules denied.
+    pub live_over_limit: Counter,
+}
+
+/// The candidate rules' metrics: one series per candidate rule (config-made, so bounded).
+#[derive(Clone, Default)]
+pub struct CandidateMetrics {
+    hits: Family<RuleLabels, Counter>,
+    over_limit: Family<RuleLabels, Counter>,
+    live_over_limit: Family<RuleLabels, Counter>,
+    /// Candidate evaluations lost to a backend error or timeout (the answer is unaffected).
+    pub errors: Counter,
+}
+
+impl CandidateMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "candidate_hits",
+            "Hits a candidate rule saw, weighted by cost",
+            self.hits.clone(),
+        );
+        registry.register(
+            "candidate_over_limit",
+            "Hits a candidate rule would have denied",
+            self.over_limit.clone(),
+        );
+        registry.register(
+            "candidate_live_over_limit",
+            "Hits a candidate rule saw in requests the live rules denied",
+            self.live_over_limit.clone(),
+        );
+        registry.register(
+            "candidate_errors",
+            "Candidate evaluations lost to a backend error; answers are unaffected",
+            self.errors.clone(),
+        );
+    }
+
+    /// The counters of the candidate rule `path` in `domain`.
+    pub fn counters(&self, domain: &str, path: &str) -> CandidateCounters {
+        let labels = RuleLabels {
+            domain: domain.to_owned(),
+            key: path.to_owned(),
+        };
+        CandidateCounters {
+            hits: self.hits.get_or_create(&labels).clone(),
+            over_limit: self.over_limit.get_or_create(&labels).clone(),
+            live_over_limit: self.live_over_limit.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// Drops every candidate series (new candidate rules were loaded).
+    pub fn clear(&self) {
+        self.hits.clear();
+        self.over_limit.clear();
+        self.live_over_limit.clear();
+    }
 }
 
 /// Labels of the HTTP/2 reset counter.
@@ -413,6 +482,7 @@ impl Metrics {
             statsd_dropped: Counter::default(),
             http2_resets: Family::default(),
             rlqs: RlqsMetrics::default(),
+            candidates: CandidateMetrics::default(),
             registry: Registry::default(),
         };
         for code in DECISION_CODES {
@@ -512,6 +582,7 @@ impl Metrics {
             metrics.http2_resets.clone(),
         );
         metrics.rlqs.register(fg);
+        metrics.candidates.register(fg);
         Metrics {
             registry,
             ..metrics

@@ -53,6 +53,16 @@ impl BucketKey {
         BucketKey(hasher.finish())
     }
 
+    /// The bucket a candidate rule (`--candidate-config`) keeps for the same identity: its
+    /// own, so a candidate never moves a live bucket. Its encoding (a marker and this key)
+    /// has two fields where every live identity has at least five, so the two never meet.
+    pub fn candidate(&self) -> BucketKey {
+        let mut hasher = IdentityHasher::default();
+        hasher.field(b"candidate");
+        hasher.field(&self.0);
+        BucketKey(hasher.finish())
+    }
+
     /// The raw 16 bytes.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0

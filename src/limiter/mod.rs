@@ -6,31 +6,36 @@
 //! and quota semantics (docs/requests.md). A request that is over limit overall books nothing under
 //! `on_over_limit: reject`: the backend undoes those bookings, atomically where it can.
 
+mod candidate;
 mod local_cache;
 mod quota;
 pub mod request;
 mod resolve;
+mod rule_set;
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::time::Instant;
 
 use crate::backend::{
     Backend, BackendError, BucketKey, Charge, Group, Item, Outcome, Tally, Weight, undoable,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::matcher::{Matched, Matcher};
+use crate::matcher::Matcher;
 use crate::metrics::{Metrics, RuleCounters};
 use crate::otel;
 use crate::overload::{self, Caller, ShedReason};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
+use crate::top::{Kind, TopKeys, TopOptions};
+use candidate::CandidateSet;
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 use resolve::{Resolved, resolve};
+use rule_set::{Ranking, RuleSet};
 
 /// What to answer when the backend fails (docs/requests.md#backend-failure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,6 +79,8 @@ pub struct LimiterOptions {
     /// The accounting of rules that do not set `on_over_limit`, and of limit overrides
     /// (`config::default_accounting`: the rules' source's, or `--on-over-limit`).
     pub accounting: OnOverLimit,
+    /// How the keys of denied and near-limit hits are ranked (`/top`).
+    pub top: TopOptions,
 }
 
 /// Default `LimiterOptions::local_cache_max_age`.
@@ -89,6 +96,7 @@ impl Default for LimiterOptions {
             local_cache_entries: 0,
             local_cache_max_age: DEFAULT_LOCAL_CACHE_MAX_AGE,
             accounting: OnOverLimit::Reject,
+            top: TopOptions::default(),
         }
     }
 }
@@ -115,35 +123,13 @@ pub const MAX_SLIDING_LOG_WORK: u64 = 10_000;
 /// The rate-limit engine: the active rules, a backend, and the metrics it feeds.
 pub struct Limiter {
     rules: ArcSwap<RuleSet>,
+    /// Rules evaluated beside the live ones that never change an answer.
+    candidates: ArcSwapOption<CandidateSet>,
     backend: Arc<dyn Backend>,
     metrics: Arc<Metrics>,
+    top: TopKeys,
     cache: Option<OverLimitCache>,
     options: LimiterOptions,
-}
-
-/// The rules in force and, per rule id, the metric series of the rule: resolved once, on
-/// first use (so `/metrics` shows a rule only once it was hit, as before), instead of looked
-/// up per descriptor. A reload swaps both together.
-struct RuleSet {
-    matcher: Arc<Matcher>,
-    series: Box<[OnceLock<Arc<RuleCounters>>]>,
-}
-
-impl RuleSet {
-    fn new(matcher: Matcher) -> RuleSet {
-        let series = matcher.rules().iter().map(|_| OnceLock::new()).collect();
-        RuleSet {
-            matcher: Arc::new(matcher),
-            series,
-        }
-    }
-
-    /// The series of a matched rule whose metric key is its path.
-    fn rule_series(&self, metrics: &Metrics, matched: &Matched<'_>) -> Arc<RuleCounters> {
-        let series = self.series[matched.rule_id]
-            .get_or_init(|| metrics.rule(&matched.rule.domain, &matched.rule.path));
-        Arc::clone(series)
-    }
 }
 
 /// What one descriptor needs once its rule is known.
@@ -165,6 +151,7 @@ struct Limited {
     counters: Arc<RuleCounters>,
     /// How its verdict weighs: the rule's modes, with global quota mode applied.
     weight: Weight,
+    ranking: Option<Ranking>,
 }
 
 impl Limited {
@@ -216,36 +203,26 @@ impl Limited {
         }
     }
 
-    /// Capacity that "near limit" is measured against.
-    fn capacity(&self) -> u64 {
-        match self.policy.algorithm {
-            Algorithm::TokenBucket => u64::from(self.policy.burst),
-            _ => u64::from(self.policy.requests_per_unit),
-        }
-    }
-
-    /// Counts this descriptor's hits in the reference's per-rule stats. The cost counted is
-    /// clamped to the capacity + 1: no single request can be admitted past the capacity, and
-    /// a client-chosen cost (up to 2^64 - 1) would otherwise saturate or wrap the counters.
-    fn record(&self, outcome: &Outcome, from_cache: bool) {
+    /// Counts this descriptor's hits in the reference's per-rule stats, and ranks its key
+    /// (`entries` are the descriptor's) when it was denied or near its limit.
+    fn record(&self, outcome: &Outcome, from_cache: bool, entries: &[(String, String)]) {
         let counters = &self.counters;
-        let cost = self.cost.min(self.capacity().saturating_add(1));
-        counters.total_hits.inc_by(cost);
+        let hits = Hits::weigh(&self.policy, self.cost, outcome);
+        counters.total_hits.inc_by(hits.cost);
         if outcome.allowed {
-            counters.within_limit.inc_by(cost);
-            let near_threshold = self.capacity() * 4 / 5;
-            let used = self.capacity().saturating_sub(outcome.remaining);
-            if used > near_threshold {
-                counters.near_limit.inc_by(cost.min(used - near_threshold));
-            }
+            counters.within_limit.inc_by(hits.cost);
+            counters.near_limit.inc_by(hits.near_limit);
         } else {
-            counters.over_limit.inc_by(cost);
+            counters.over_limit.inc_by(hits.cost);
             if self.rule.shadow_mode {
-                counters.shadow_mode.inc_by(cost);
+                counters.shadow_mode.inc_by(hits.cost);
             }
             if from_cache {
-                counters.over_limit_with_local_cache.inc_by(cost);
+                counters.over_limit_with_local_cache.inc_by(hits.cost);
             }
+        }
+        if let Some(ranking) = &self.ranking {
+            hits.rank(ranking, self.bucket, entries);
         }
     }
 
@@ -271,6 +248,53 @@ impl Limited {
     }
 }
 
+/// How one decided hit counts in the per-rule stats and the top keys.
+struct Hits {
+    /// The cost, clamped to the capacity + 1: no single request can be admitted past the
+    /// capacity, and a client-chosen cost (up to 2^64 - 1) would otherwise saturate or wrap
+    /// the counters.
+    cost: u64,
+    /// Whether it was denied.
+    denied: bool,
+    /// How much of an admitted cost fell past 80% of the capacity (the reference's
+    /// `near_limit`).
+    near_limit: u64,
+}
+
+impl Hits {
+    fn weigh(policy: &Policy, cost: u64, outcome: &Outcome) -> Hits {
+        let capacity = match policy.algorithm {
+            Algorithm::TokenBucket => u64::from(policy.burst),
+            _ => u64::from(policy.requests_per_unit),
+        };
+        let cost = cost.min(capacity.saturating_add(1));
+        let near_threshold = capacity * 4 / 5;
+        let used = capacity.saturating_sub(outcome.remaining);
+        let near_limit = if outcome.allowed && used > near_threshold {
+            cost.min(used - near_threshold)
+        } else {
+            0
+        };
+        Hits {
+            cost,
+            denied: !outcome.allowed,
+            near_limit,
+        }
+    }
+
+    /// Ranks the bucket `bucket` (whose descriptor has `entries`) by these hits.
+    fn rank(&self, ranking: &Ranking, bucket: BucketKey, entries: &[(String, String)]) {
+        let levels = entries.get(..ranking.levels).unwrap_or(entries);
+        if self.denied {
+            ranking.top.offer(Kind::Denied, bucket, levels, self.cost);
+        } else {
+            ranking
+                .top
+                .offer(Kind::NearLimit, bucket, levels, self.near_limit);
+        }
+    }
+}
+
 /// One descriptor of a request from plan to status: what it needs, what was decided, and
 /// whether the backend just decided it (only such answers may fill the local cache).
 struct Slot {
@@ -290,12 +314,17 @@ impl Slot {
     }
 
     /// Decides what needs no backend: `L = 0` and buckets the local cache knows exhausted.
-    fn decide_locally(&mut self, cache: Option<&OverLimitCache>, metrics: &Metrics) {
+    fn decide_locally(
+        &mut self,
+        cache: Option<&OverLimitCache>,
+        metrics: &Metrics,
+        entries: &[(String, String)],
+    ) {
         let outcome = match &self.plan {
             Plan::Done(_) => return,
             Plan::Zero(limited) => {
                 let outcome = always_over(&limited.policy);
-                limited.record(&outcome, false);
+                limited.record(&outcome, false, entries);
                 outcome
             }
             Plan::Charge(limited) => {
@@ -303,7 +332,7 @@ impl Slot {
                     return;
                 };
                 metrics.local_cache_hits.inc();
-                limited.record(&outcome, true);
+                limited.record(&outcome, true, entries);
                 outcome
             }
         };
@@ -357,9 +386,11 @@ impl Limiter {
         metrics.loaded_rules.set(rules.rules().len() as i64);
         metrics.loaded_domains.set(rules.domain_count() as i64);
         Limiter {
-            rules: ArcSwap::from_pointee(RuleSet::new(rules)),
+            rules: ArcSwap::from_pointee(RuleSet::new(rules, false)),
+            candidates: ArcSwapOption::empty(),
             backend,
             metrics,
+            top: TopKeys::new(options.top),
             cache,
             options,
         }
@@ -369,8 +400,9 @@ impl Limiter {
     pub fn replace_rules(&self, rules: Matcher) {
         self.metrics.loaded_rules.set(rules.rules().len() as i64);
         self.metrics.loaded_domains.set(rules.domain_count() as i64);
-        self.rules.store(Arc::new(RuleSet::new(rules)));
+        self.rules.store(Arc::new(RuleSet::new(rules, false)));
         self.metrics.retain_rules(self.rules.load().matcher.rules());
+        self.retain_ranked();
         // A changed limit may have room where the old one had none.
         if let Some(cache) = &self.cache {
             cache.clear();
@@ -397,6 +429,46 @@ impl Limiter {
     /// The metrics this limiter feeds.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The keys of denied and near-limit hits, ranked per rule.
+    pub fn top(&self) -> &TopKeys {
+        &self.top
+    }
+
+    /// Swaps in candidate rules (`None`: none); the live rules and answers are untouched.
+    pub fn replace_candidates(&self, rules: Option<Matcher>) {
+        let set = rules.map(|rules| Arc::new(CandidateSet::new(rules, &self.metrics)));
+        if set.is_none() {
+            self.metrics.candidates.clear();
+        }
+        self.candidates.store(set);
+        self.retain_ranked();
+    }
+
+    /// The candidate rules, if any are loaded.
+    pub fn candidates(&self) -> Option<Arc<Matcher>> {
+        let set = self.candidates.load();
+        set.as_ref().map(|set| Arc::clone(&set.rules.matcher))
+    }
+
+    /// Drops the rankings of rules no longer loaded, live or candidate.
+    fn retain_ranked(&self) {
+        let live = self.rules.load();
+        let candidates = self.candidates.load();
+        self.top.retain(|name| {
+            let set = if name.candidate {
+                match candidates.as_ref() {
+                    Some(set) => &set.rules,
+                    None => return false,
+                }
+            } else {
+                &live
+            };
+            set.matcher.rules().iter().any(|rule| {
+                rule.domain == name.domain && rule.path == name.path && rule.name == name.name
+            })
+        });
     }
 
     /// Decides a validated request for `caller`: backend work never outlives its deadline
@@ -430,8 +502,8 @@ impl Limiter {
         };
         check_sliding_log_work(&slots)?;
         let mut prior = Tally::default();
-        for slot in &mut slots {
-            slot.decide_locally(self.cache.as_ref(), &self.metrics);
+        for (slot, descriptor) in slots.iter_mut().zip(&request.descriptors) {
+            slot.decide_locally(self.cache.as_ref(), &self.metrics, &descriptor.entries);
             if let (Some(limited), Some(outcome)) = (slot.limited(), &slot.outcome) {
                 prior.add(limited.weight, outcome.allowed);
             }
@@ -441,31 +513,60 @@ impl Limiter {
             .enumerate()
             .filter_map(|(i, slot)| Some((i, slot.pending_item()?)))
             .unzip();
-        if !pending.is_empty() {
-            let group = Group {
-                items,
-                prior,
-                admit: self.options.shadow_mode,
-                keep_on_failure: self.options.failure_mode == FailureMode::Allow,
-                deadline: caller.deadline,
-                connection: caller.connection,
-            };
-            let asked_at = Instant::now();
-            match self.backend_call(work_ends, &group).await {
-                Ok(outcomes) => {
-                    for (&i, outcome) in pending.iter().zip(outcomes) {
-                        let slot = &mut slots[i];
-                        if let Some(limited) = slot.limited() {
-                            limited.record(&outcome, false);
-                        }
-                        slot.outcome = Some(outcome);
-                        slot.asked_at = Some(asked_at);
-                    }
-                }
-                Err(error) => self.apply_failure_mode(error, &mut slots, &pending)?,
+        let group = (!pending.is_empty()).then(|| Group {
+            items,
+            prior,
+            admit: self.options.shadow_mode,
+            keep_on_failure: self.options.failure_mode == FailureMode::Allow,
+            deadline: caller.deadline,
+            connection: caller.connection,
+        });
+        let trials = match self.candidates.load().as_ref() {
+            Some(candidates) => candidates.trials(request, &self.top),
+            None => Vec::new(),
+        };
+        let asked_at = Instant::now();
+        let live = async {
+            match &group {
+                Some(group) => Some(self.backend_call(work_ends, group).await),
+                None => None,
             }
+        };
+        // The candidates' charges go beside the live ones, never after them.
+        let (live, tried) = if trials.is_empty() {
+            (live.await, None)
+        } else {
+            let tried = candidate::decide(&self.backend, work_ends, &trials);
+            let (live, tried) = tokio::join!(live, tried);
+            (live, Some(tried))
+        };
+        let settle_candidates = |live_denied: bool| {
+            if let Some(tried) = tried {
+                candidate::settle(&trials, tried, live_denied, request, &self.metrics);
+            }
+        };
+        match live {
+            Some(Ok(outcomes)) => {
+                for (&i, outcome) in pending.iter().zip(outcomes) {
+                    let slot = &mut slots[i];
+                    if let Some(limited) = slot.limited() {
+                        limited.record(&outcome, false, &request.descriptors[i].entries);
+                    }
+                    slot.outcome = Some(outcome);
+                    slot.asked_at = Some(asked_at);
+                }
+            }
+            Some(Err(error)) => {
+                if let Err(failed) = self.apply_failure_mode(error, &mut slots, &pending) {
+                    settle_candidates(false);
+                    return Err(failed);
+                }
+            }
+            None => {}
         }
-        Ok(self.finish(&slots))
+        let response = self.finish(&slots);
+        settle_candidates(response.overall == Code::OverLimit);
+        Ok(response)
     }
 
     /// Resolves every descriptor to a plan, applying `replaces` across the request.
@@ -485,23 +586,31 @@ impl Limiter {
                 resolve(
                     rules,
                     &self.metrics,
+                    &self.top,
                     self.options.accounting,
                     domain,
                     descriptor,
                 )
             })
             .collect();
-        let replaced: HashSet<&str> = resolved
+        // Owned, as the resolved descriptors are then consumed; rules rarely replace others.
+        let replaced: HashSet<String> = resolved
             .iter()
             .flatten()
-            .filter(|(rule, _, _)| matches!(rule.limit, Limit::Limited(_)))
-            .flat_map(|(rule, _, _)| rule.replaces.iter().map(String::as_str))
+            .filter(|resolved| matches!(resolved.rule.limit, Limit::Limited(_)))
+            .flat_map(|resolved| resolved.rule.replaces.iter().cloned())
             .collect();
         resolved
-            .iter()
+            .into_iter()
             .zip(&request.descriptors)
             .map(|(resolved, descriptor)| {
-                let Some((rule, bucket, counters)) = resolved else {
+                let Some(Resolved {
+                    rule,
+                    bucket,
+                    counters,
+                    ranking,
+                }) = resolved
+                else {
                     return Plan::Done(Status::unmatched());
                 };
                 let (Limit::Limited(policy), Some(bucket)) = (&rule.limit, bucket) else {
@@ -515,16 +624,18 @@ impl Limiter {
                 {
                     return Plan::Done(Status::unmatched());
                 }
+                let weight = Weight {
+                    quota: rule.quota_mode || self.options.quota_mode,
+                    shadow: rule.shadow_mode,
+                };
                 let limited = Limited {
-                    rule: Arc::clone(rule),
+                    rule,
                     policy,
-                    bucket: *bucket,
+                    bucket,
                     cost: descriptor.cost,
-                    counters: Arc::clone(counters),
-                    weight: Weight {
-                        quota: rule.quota_mode || self.options.quota_mode,
-                        shadow: rule.shadow_mode,
-                    },
+                    counters,
+                    weight,
+                    ranking,
                 };
                 if policy.requests_per_unit == 0 {
                     Plan::Zero(limited)

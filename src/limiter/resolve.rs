@@ -4,19 +4,30 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::{Descriptor, LimitOverride, RuleSet};
+use super::rule_set::{Ranking, RuleSet};
+use super::{Descriptor, LimitOverride};
 use crate::backend::BucketKey;
 use crate::metrics::{Metrics, RuleCounters};
 use crate::rules::{Limit, OnOverLimit, Policy, Rule};
+use crate::top::TopKeys;
 
-/// A descriptor's rule, its bucket (limited rules only) and its rule counters.
-pub(super) type Resolved = (Arc<Rule>, Option<BucketKey>, Arc<RuleCounters>);
+/// What a descriptor resolved to.
+pub(super) struct Resolved {
+    pub(super) rule: Arc<Rule>,
+    /// The bucket, for limited rules.
+    pub(super) bucket: Option<BucketKey>,
+    pub(super) counters: Arc<RuleCounters>,
+    /// Where its keys are ranked: configured limited rules only (a limit override's path
+    /// is made of request values).
+    pub(super) ranking: Option<Ranking>,
+}
 
 /// Finds the rule, bucket and metric series of one descriptor; the override, when present in
 /// a known domain, replaces the configured rule as in the reference service.
 pub(super) fn resolve(
     rules: &RuleSet,
     metrics: &Metrics,
+    top: &TopKeys,
     accounting: OnOverLimit,
     domain: &str,
     descriptor: &Descriptor,
@@ -31,7 +42,12 @@ pub(super) fn resolve(
         // from requests too, so the series is capped like any request-made one.
         let keys: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
         let counters = metrics.series(domain, None, &keys.join("."));
-        return Some((rule, Some(bucket), counters));
+        return Some(Resolved {
+            rule,
+            bucket: Some(bucket),
+            counters,
+            ranking: None,
+        });
     }
     let matched = rules.matcher.lookup(domain, entries)?;
     // Only keys built from request values need the capped lookup.
@@ -44,7 +60,13 @@ pub(super) fn resolve(
         let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));
         BucketKey::new(domain, &rule.path, levels, policy)
     });
-    Some((rule, bucket, counters))
+    let ranking = bucket.and_then(|_| rules.ranking(top, &matched));
+    Some(Resolved {
+        rule,
+        bucket,
+        counters,
+        ranking,
+    })
 }
 
 /// The fixed-window rule an Envoy limit override stands for. Its path is the reference's

@@ -1,4 +1,5 @@
-//! Hot reload of the rules: on a change in the config directory, or on SIGHUP.
+//! Hot reload of the rules: on a change in the config directory (or the candidate rules'
+//! directory), or on SIGHUP.
 //!
 //! The directory itself is watched (not recursively), which also sees the Kubernetes
 //! ConfigMap update: the `..data` symlink is atomically replaced next to the files. Bursts
@@ -21,13 +22,28 @@ use crate::matcher::Matcher;
 /// writes becomes one reload.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
-/// Reloads `dir` into `limiter` whenever it changes or SIGHUP arrives; runs until aborted.
+/// The directories rules are read from.
+#[derive(Debug, Clone, Default)]
+pub struct RuleDirs {
+    /// The live rules (none when they come from xDS).
+    pub rules: Option<PathBuf>,
+    /// The candidate rules (`--candidate-config`).
+    pub candidates: Option<PathBuf>,
+}
+
+impl RuleDirs {
+    fn each(&self) -> impl Iterator<Item = &PathBuf> {
+        self.rules.iter().chain(&self.candidates)
+    }
+}
+
+/// Reloads `dirs` into `limiter` whenever one changes or SIGHUP arrives; runs until aborted.
 ///
 /// The SIGHUP handler is installed before this returns its future, so a SIGHUP sent once the
 /// service announced its addresses reloads instead of killing the process.
-pub fn watch(dir: PathBuf, limiter: Arc<Limiter>) -> impl Future<Output = ()> + Send + 'static {
+pub fn watch(dirs: RuleDirs, limiter: Arc<Limiter>) -> impl Future<Output = ()> + Send + 'static {
     let hangups = hangup_signals();
-    async move { watch_with(dir, limiter, hangups).await }
+    async move { watch_with(dirs, limiter, hangups).await }
 }
 
 #[cfg(unix)]
@@ -51,7 +67,7 @@ fn hangup_signals() -> Hangups {
     None
 }
 
-async fn watch_with(dir: PathBuf, limiter: Arc<Limiter>, hangups: Hangups) {
+async fn watch_with(dirs: RuleDirs, limiter: Arc<Limiter>, hangups: Hangups) {
     let (tx, mut rx) = mpsc::channel::<()>(16);
     let watcher_tx = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -69,13 +85,14 @@ async fn watch_with(dir: PathBuf, limiter: Arc<Limiter>, hangups: Hangups) {
         }
     });
     let _watcher = match watcher {
-        Ok(mut watcher) => match watcher.watch(&dir, RecursiveMode::NonRecursive) {
-            Ok(()) => Some(watcher),
-            Err(error) => {
-                tracing::warn!(%error, dir = %dir.display(), "cannot watch the config directory; reload on SIGHUP only");
-                None
+        Ok(mut watcher) => {
+            for dir in dirs.each() {
+                if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                    tracing::warn!(%error, dir = %dir.display(), "cannot watch a rules directory; reload on SIGHUP only");
+                }
             }
-        },
+            Some(watcher)
+        }
         Err(error) => {
             tracing::warn!(%error, "no file watcher available; reload on SIGHUP only");
             None
@@ -84,11 +101,11 @@ async fn watch_with(dir: PathBuf, limiter: Arc<Limiter>, hangups: Hangups) {
     let forwarder = tokio::spawn(forward_sighup(hangups, tx));
     let _stop_forwarder = AbortOnDrop(forwarder);
     // Changes made between the startup load and the watch being set up raised no event.
-    reload(&dir, &limiter).await;
+    reload_all(&dirs, &limiter).await;
     while rx.recv().await.is_some() {
         // Debounce: keep draining until the directory is quiet.
         while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
-        reload(&dir, &limiter).await;
+        reload_all(&dirs, &limiter).await;
     }
 }
 
@@ -115,17 +132,64 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Loads `dir` and swaps it in, or keeps the old rules and reports every error.
-pub async fn reload(dir: &Path, limiter: &Limiter) {
+async fn reload_all(dirs: &RuleDirs, limiter: &Limiter) {
+    if let Some(dir) = &dirs.rules {
+        reload(dir, limiter).await;
+    }
+    if let Some(dir) = &dirs.candidates {
+        reload_candidates(dir, limiter).await;
+    }
+}
+
+/// Reads `dir` off the async threads, with the limiter's default accounting applied.
+async fn load(
+    dir: &Path,
+    limiter: &Limiter,
+) -> Result<Result<config::LoadedConfig, config::ConfigErrors>, tokio::task::JoinError> {
     let owned = dir.to_path_buf();
     let accounting = limiter.accounting();
-    let loaded = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         config::load_dir(&owned).map(|mut loaded| {
             config::apply_default_accounting(&mut loaded.domains, accounting);
             loaded
         })
     })
-    .await;
+    .await
+}
+
+/// Loads the candidate rules of `dir` and swaps them in, or keeps the old ones and reports
+/// every error; the live rules are untouched either way.
+pub async fn reload_candidates(dir: &Path, limiter: &Limiter) {
+    let metrics = limiter.metrics();
+    match load(dir, limiter).await {
+        Ok(Ok(loaded))
+            if limiter
+                .candidates()
+                .is_some_and(|rules| rules.compiled_from(&loaded.domains)) =>
+        {
+            metrics.config_load_success.inc();
+        }
+        Ok(Ok(loaded)) => {
+            limiter.replace_candidates(Some(Matcher::new(loaded.domains)));
+            metrics.config_load_success.inc();
+            tracing::info!(dir = %dir.display(), "candidate rules reloaded");
+        }
+        Ok(Err(errors)) => {
+            metrics.config_load_error.inc();
+            for error in &errors.0 {
+                tracing::error!(%error, "candidate rules rejected; keeping the previous ones");
+            }
+        }
+        Err(error) => {
+            metrics.config_load_error.inc();
+            tracing::error!(%error, "candidate rules reload failed; keeping the previous ones");
+        }
+    }
+}
+
+/// Loads `dir` and swaps it in, or keeps the old rules and reports every error.
+pub async fn reload(dir: &Path, limiter: &Limiter) {
+    let loaded = load(dir, limiter).await;
     let metrics = limiter.metrics();
     match loaded {
         Ok(Ok(loaded)) if limiter.rules().compiled_from(&loaded.domains) => {

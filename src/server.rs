@@ -45,6 +45,8 @@ const BACKEND_FAILURE_GRACE: Duration = Duration::from_secs(1);
 pub struct Settings {
     /// Directory of YAML domain files.
     pub config_dir: PathBuf,
+    /// Directory of candidate rules (`--candidate-config`), evaluated beside the live ones.
+    pub candidate_dir: Option<PathBuf>,
     /// Address for RLS + gRPC health (`host:port`; port 0 picks one), or `unix:PATH` for a
     /// unix socket instead of TCP.
     pub grpc_addr: String,
@@ -105,6 +107,9 @@ pub enum ServerError {
     /// The rules did not load.
     #[error("invalid config:\n{0}")]
     Config(#[from] ConfigErrors),
+    /// The candidate rules (`--candidate-config`) did not load.
+    #[error("invalid candidate rules:\n{0}")]
+    Candidates(ConfigErrors),
     /// The backend could not be set up.
     #[error("backend: {0}")]
     Backend(#[from] BackendError),
@@ -175,12 +180,26 @@ impl Server {
             // The memory backend answers as fast as the cache would, and exactly.
             options.local_cache_entries = 0;
         }
+        let candidates = match settings.candidate_dir.clone() {
+            Some(dir) => {
+                let accounting = options.accounting;
+                let loaded = tokio::task::spawn_blocking(move || config::load_dir(&dir))
+                    .await
+                    .map_err(|e| ServerError::Serve(e.to_string()))?;
+                let mut loaded = loaded.map_err(ServerError::Candidates)?;
+                metrics.config_load_success.inc();
+                config::apply_default_accounting(&mut loaded.domains, accounting);
+                Some(Matcher::new(loaded.domains))
+            }
+            None => None,
+        };
         let limiter = Arc::new(Limiter::new(
             Matcher::new(domains),
             Arc::clone(&backend),
             metrics,
             options,
         ));
+        limiter.replace_candidates(candidates);
         let xds = settings
             .xds
             .clone()
@@ -238,12 +257,15 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        let started = tokio::time::Instant::now();
         // Created first: this installs the SIGHUP handler before the addresses are announced.
         // With xDS the rules come from the stream, not the directory.
-        let reloader = self
-            .xds
-            .is_none()
-            .then(|| reload::watch(self.settings.config_dir.clone(), Arc::clone(&self.limiter)));
+        let dirs = reload::RuleDirs {
+            rules: self.xds.is_none().then(|| self.settings.config_dir.clone()),
+            candidates: self.settings.candidate_dir.clone(),
+        };
+        let reloader = (dirs.rules.is_some() || dirs.candidates.is_some())
+            .then(|| reload::watch(dirs, Arc::clone(&self.limiter)));
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, self.limiter.metrics().ready.clone()).await;
         if self.settings.startup.ready_only_with_rules {
@@ -350,6 +372,11 @@ impl Server {
                 limiter: Arc::clone(&self.limiter),
                 health: Arc::clone(&health),
                 json_enabled: self.settings.admin_json,
+                info: admin::ServiceInfo {
+                    started,
+                    backend: self.backend.name(),
+                    config_source: if self.xds.is_some() { "xds" } else { "files" },
+                },
             }),
         )
         .with_graceful_shutdown(stopped());

@@ -166,7 +166,11 @@ impl BackendError {
         }
     }
 
-    /// Short, stable label for the `backend_errors` metric.
+    /// Every [`BackendError::kind`], so views can show each at 0.
+    pub const KINDS: [&'static str; 5] =
+        ["timeout", "unavailable", "failed", "config", "overloaded"];
+
+    /// Short, stable label for the `backend_errors` metric (one of [`BackendError::KINDS`]).
     pub fn kind(&self) -> &'static str {
         match self {
             BackendError::Timeout => "timeout",

@@ -171,6 +171,26 @@ pub struct ServeArgs {
     /// Directory of YAML domain files.
     #[arg(long, env = "FLOODGATE_CONFIG", value_name = "DIR", default_value = DEFAULT_CONFIG_DIR)]
     pub config: PathBuf,
+    /// Directory of candidate rules, in the same format: evaluated beside the live rules on
+    /// every request, in buckets of their own, never changing an answer; what they would
+    /// have denied is at `GET /top` and on the admin page (docs/operations.md#candidate-rules).
+    #[arg(long, env = "FLOODGATE_CANDIDATE_CONFIG", value_name = "DIR")]
+    pub candidate_config: Option<PathBuf>,
+    /// Show descriptor values at `GET /top` and on the admin page instead of hashes of them
+    /// (they are often addresses or API keys). Same spellings as --shadow-mode.
+    #[arg(long, env = "FLOODGATE_TOP_SHOW_VALUES", value_parser = clap::builder::BoolishValueParser::new())]
+    pub top_show_values: bool,
+    /// Keys each top-keys summary holds (one per rule, kind and half minute): a key with more
+    /// than 1/N of its rule's denied hits is always ranked, and counts are within N-th of the
+    /// total.
+    #[arg(
+        long,
+        env = "FLOODGATE_TOP_CAPACITY",
+        value_name = "N",
+        default_value_t = crate::top::DEFAULT_CAPACITY as u32,
+        value_parser = clap::value_parser!(u32).range(16..=65_536)
+    )]
+    pub top_capacity: u32,
     /// gRPC listen address (RateLimitService and gRPC health); port 0 picks a free port.
     #[arg(long, env = "FLOODGATE_GRPC_ADDR", value_name = "ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
@@ -456,6 +476,7 @@ impl ServeArgs {
         };
         Ok(Settings {
             config_dir: self.config.clone(),
+            candidate_dir: self.candidate_config.clone(),
             grpc_addr: match &self.grpc_uds {
                 Some(path) => format!("{}{}", crate::server::UNIX_PREFIX, path.display()),
                 None => self.grpc_addr.to_string(),
@@ -469,6 +490,10 @@ impl ServeArgs {
                 quota_mode: self.quota_mode,
                 local_cache_entries: self.local_cache_entries,
                 local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
+                top: crate::top::TopOptions {
+                    capacity: self.top_capacity as usize,
+                    show_values: self.top_show_values,
+                },
                 ..LimiterOptions::default()
             },
             on_over_limit: self.on_over_limit.map(Into::into),

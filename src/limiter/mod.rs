@@ -50,7 +50,8 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    fn as_str(self) -> &'static str {
+    /// The flag's spelling: `error`, `allow` or `deny`.
+    pub fn as_str(self) -> &'static str {
         match self {
             FailureMode::Error => "error",
             FailureMode::Allow => "allow",

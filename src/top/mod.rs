@@ -278,6 +278,11 @@ impl TopKeys {
         }
     }
 
+    /// Keys each summary holds.
+    pub fn capacity(&self) -> usize {
+        self.options.capacity
+    }
+
     /// Whether values are shown rather than hashed.
     pub fn shows_values(&self) -> bool {
         self.options.show_values

@@ -23,6 +23,7 @@ mod layering;
 mod limits;
 mod lua;
 mod metrics;
+mod operator;
 mod overload;
 mod per_second;
 mod redis_backend;

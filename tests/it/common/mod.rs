@@ -133,6 +133,7 @@ pub fn redis_options(timeout: Duration) -> floodgate::backend::redis::RedisOptio
 pub fn settings(config_dir: &Path) -> Settings {
     Settings {
         config_dir: config_dir.to_path_buf(),
+        candidate_dir: None,
         grpc_addr: "127.0.0.1:0".into(),
         http_addr: "127.0.0.1:0".into(),
         backend: BackendSettings::Memory {

@@ -9,13 +9,17 @@
 //!   404, as a route that does not exist would.
 //! - `GET /metrics`: Prometheus (OpenMetrics text) exposition.
 //! - `GET /rlconfig`: the loaded rules, one line per rule.
+//! - `GET /`, `GET /overview`, `GET /top`: the operator's page and the two JSON views it
+//!   polls (`views`).
+
+mod views;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,6 +46,19 @@ pub struct AdminState {
     pub health: Arc<Health>,
     /// Whether `/json` is served.
     pub json_enabled: bool,
+    /// What the overview says of the service itself.
+    pub info: ServiceInfo,
+}
+
+/// The service's facts the overview shows.
+#[derive(Debug, Clone)]
+pub struct ServiceInfo {
+    /// When the service started.
+    pub started: tokio::time::Instant,
+    /// The backend's name (`memory`, `redis`, `redis-cluster`, ...).
+    pub backend: &'static str,
+    /// Where the rules come from: `files` or `xds`.
+    pub config_source: &'static str,
 }
 
 /// The admin router.
@@ -57,8 +74,27 @@ pub fn router(state: AdminState) -> Router {
     router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
+        .route("/", get(page))
+        .route("/overview", get(overview))
+        .route("/top", get(top))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
         .with_state(state)
+}
+
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        views::PAGE,
+    )
+        .into_response()
+}
+
+async fn overview(State(state): State<AdminState>) -> Response {
+    axum::Json(views::overview(&state)).into_response()
+}
+
+async fn top(State(state): State<AdminState>, Query(query): Query<views::TopQuery>) -> Response {
+    axum::Json(views::top(&state, &query)).into_response()
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {

@@ -34,7 +34,30 @@ impl BucketKey {
         levels: impl IntoIterator<Item = (&'a str, &'a str)>,
         policy: &Policy,
     ) -> BucketKey {
+        BucketKey::identity(IdentityHasher::default(), domain, rule_path, levels, policy)
+    }
+
+    /// The bucket a candidate rule (`--candidate-config`) keeps for the identity
+    /// [`BucketKey::new`] names: its own, so a candidate never moves a live bucket. Its
+    /// encoding starts with a length no field can have (`u64::MAX`), then the live one.
+    pub fn candidate<'a>(
+        domain: &str,
+        rule_path: &str,
+        levels: impl IntoIterator<Item = (&'a str, &'a str)>,
+        policy: &Policy,
+    ) -> BucketKey {
         let mut hasher = IdentityHasher::default();
+        hasher.number(u64::MAX);
+        BucketKey::identity(hasher, domain, rule_path, levels, policy)
+    }
+
+    fn identity<'a>(
+        mut hasher: IdentityHasher,
+        domain: &str,
+        rule_path: &str,
+        levels: impl IntoIterator<Item = (&'a str, &'a str)>,
+        policy: &Policy,
+    ) -> BucketKey {
         hasher.field(domain.as_bytes());
         hasher.field(rule_path.as_bytes());
         let mut count = 0u64;
@@ -50,16 +73,6 @@ impl BucketKey {
             hasher.number(u64::from(policy.requests_per_unit));
             hasher.number(u64::from(policy.burst));
         }
-        BucketKey(hasher.finish())
-    }
-
-    /// The bucket a candidate rule (`--candidate-config`) keeps for the same identity: its
-    /// own, so a candidate never moves a live bucket. Its encoding (a marker and this key)
-    /// has two fields where every live identity has at least five, so the two never meet.
-    pub fn candidate(&self) -> BucketKey {
-        let mut hasher = IdentityHasher::default();
-        hasher.field(b"candidate");
-        hasher.field(&self.0);
         BucketKey(hasher.finish())
     }
 
@@ -125,6 +138,19 @@ mod tests {
             levels.iter().copied(),
             &Policy::fixed_window(10, Unit::Second),
         )
+    }
+
+    #[test]
+    fn a_candidate_bucket_is_never_its_live_one() {
+        let policy = Policy::fixed_window(10, Unit::Second);
+        let levels = [("user", "alice")];
+        let live = BucketKey::new("api", "user", levels, &policy);
+        let candidate = BucketKey::candidate("api", "user", levels, &policy);
+        assert_ne!(live, candidate);
+        assert_eq!(
+            candidate,
+            BucketKey::candidate("api", "user", levels, &policy)
+        );
     }
 
     #[test]

@@ -55,13 +55,13 @@ impl CandidateSet {
                 continue;
             };
             let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));
-            let bucket = BucketKey::new(domain, &matched.rule.path, levels, &policy).candidate();
+            let bucket = BucketKey::candidate(domain, &matched.rule.path, levels, &policy);
             trials.push(Trial {
                 descriptor,
                 policy,
                 bucket,
                 cost: entries.cost,
-                counters: self.counters[matched.rule_id].clone(),
+                rule_id: matched.rule_id,
                 ranking: self.rules.ranking(top, &matched),
             });
         }
@@ -76,7 +76,7 @@ pub(super) struct Trial {
     policy: Policy,
     bucket: BucketKey,
     cost: u64,
-    counters: CandidateCounters,
+    rule_id: usize,
     ranking: Option<Ranking>,
 }
 
@@ -118,30 +118,34 @@ pub(super) async fn decide(
         .collect()
 }
 
-/// Counts what the candidates decided for `request`, whose live answer denied it or not.
-pub(super) fn settle(
-    trials: &[Trial],
-    outcomes: Option<Vec<Outcome>>,
-    live_denied: bool,
-    request: &Request,
-    metrics: &Metrics,
-) {
-    let Some(outcomes) = outcomes else {
-        metrics.candidates.errors.inc();
-        return;
-    };
-    for (trial, outcome) in trials.iter().zip(&outcomes) {
-        let hits = Hits::weigh(&trial.policy, trial.cost, outcome);
-        trial.counters.hits.inc_by(hits.cost);
-        if hits.denied {
-            trial.counters.over_limit.inc_by(hits.cost);
-        }
-        if live_denied {
-            trial.counters.live_over_limit.inc_by(hits.cost);
-        }
-        if let Some(ranking) = &trial.ranking {
-            let entries = &request.descriptors[trial.descriptor].entries;
-            hits.rank(ranking, trial.bucket, entries);
+impl CandidateSet {
+    /// Counts what the candidates decided for `request`, whose live answer denied it or not.
+    pub(super) fn settle(
+        &self,
+        trials: &[Trial],
+        outcomes: Option<Vec<Outcome>>,
+        live_denied: bool,
+        request: &Request,
+        metrics: &Metrics,
+    ) {
+        let Some(outcomes) = outcomes else {
+            metrics.candidates.errors.inc();
+            return;
+        };
+        for (trial, outcome) in trials.iter().zip(&outcomes) {
+            let hits = Hits::weigh(&trial.policy, trial.cost, outcome);
+            let counters = &self.counters[trial.rule_id];
+            counters.hits.inc_by(hits.cost);
+            if hits.denied {
+                counters.over_limit.inc_by(hits.cost);
+            }
+            if live_denied {
+                counters.live_over_limit.inc_by(hits.cost);
+            }
+            if let Some(ranking) = &trial.ranking {
+                let entries = &request.descriptors[trial.descriptor].entries;
+                hits.rank(ranking, trial.bucket, entries);
+            }
         }
     }
 }

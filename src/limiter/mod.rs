@@ -522,7 +522,8 @@ impl Limiter {
             deadline: caller.deadline,
             connection: caller.connection,
         });
-        let trials = match self.candidates.load().as_ref() {
+        let candidates = self.candidates.load_full();
+        let trials = match &candidates {
             Some(candidates) => candidates.trials(request, &self.top),
             None => Vec::new(),
         };
@@ -542,8 +543,8 @@ impl Limiter {
             (live, Some(tried))
         };
         let settle_candidates = |live_denied: bool| {
-            if let Some(tried) = tried {
-                candidate::settle(&trials, tried, live_denied, request, &self.metrics);
+            if let (Some(candidates), Some(tried)) = (&candidates, tried) {
+                candidates.settle(&trials, tried, live_denied, request, &self.metrics);
             }
         };
         match live {

@@ -86,6 +86,11 @@ FAIRNESS_HEAVY = ["--concurrency", "512", "--connections", "1", "--descriptors",
                   "--keys", "10000", "--timeout", "1s"]
 FAIRNESS_HEAVY_LEAD_S = 2
 FAIRNESS_BACKENDS = ("memory", "redis")
+# The candidate section: the same loads with and without a candidate rule beside the live one.
+CANDIDATE_BACKENDS = ("memory", "redis")
+CANDIDATE_LOADS = ({"in_flight": 64, "keys": 10_000, "descriptors": 1},
+                   {"in_flight": 64, "keys": 10_000, "descriptors": 5})
+CANDIDATE_ROUNDS = 2
 # With `--overload-cpu-share`, floodgate's CPU in the overload runs is capped as a Kubernetes
 # CPU limit (a CFS quota) would cap it, in periods short enough that throttling adds as
 # little latency as it can (p99 at 64 in flight, memory: 9.7 ms with 4 ms periods against
@@ -611,6 +616,59 @@ def fairness(binary, harness, rules, seconds, pins):
     return rows
 
 
+def candidates(binary, harness, rules, seconds, pins):
+    """Each of CANDIDATE_LOADS without and with `--candidate-config scripts/bench-candidates`
+    (issue 39), CANDIDATE_ROUNDS times in turn, on each of CANDIDATE_BACKENDS: floodgate on
+    the first CPU, the generator and Redis on the other(s)."""
+    candidate_rules = os.path.join(os.path.dirname(rules), "bench-candidates")
+    rows = []
+    for backend in CANDIDATE_BACKENDS:
+        for _ in range(CANDIDATE_ROUNDS):
+            for with_candidate in (False, True):
+                masters, urls = [], []
+                if backend == "redis":
+                    node = RedisNode(harness)
+                    pin_redis([node], pins and pins[1])
+                    masters, urls = [node], [node.url]
+                extra = ["--candidate-config", candidate_rules] if with_candidate else []
+                floodgate = Floodgate(harness, binary, rules, backend, urls, extra=extra,
+                                      prefix=pinned(pins and pins[0], []))
+                run_bench(harness, binary, floodgate.target, ["--concurrency", "16"], 1,
+                          name=f"warmup-candidate-{backend}", prefix=pinned(pins and pins[1], []))
+                for load in CANDIDATE_LOADS:
+                    row = measure(binary, floodgate, masters, {"backend": backend, **load},
+                                  seconds, harness, pins and pins[1])
+                    row["candidate"] = with_candidate
+                    rows.append(row)
+                    log(f"candidates: {json.dumps({k: row[k] for k in ('backend', 'descriptors', 'candidate', 'decisions_per_s', 'floodgate_cpu_us_per_decision')})}")
+                floodgate.stop()
+                harness.kill_all()
+    return rows
+
+
+def candidates_table(rows):
+    out = ["| backend | descriptors | candidate rule | decisions/s | p99 us "
+           "| floodgate CPU us/decision | Redis CPU us/decision | CPU ratio |",
+           "|---|---:|---|---:|---:|---:|---:|---:|"]
+    keys = sorted({(r["backend"], r["descriptors"]) for r in rows},
+                  key=lambda k: (CANDIDATE_BACKENDS.index(k[0]), k[1]))
+    for backend, descriptors in keys:
+        runs = [r for r in rows if (r["backend"], r["descriptors"]) == (backend, descriptors)]
+        mean = {}
+        for with_candidate in (False, True):
+            mine = [r for r in runs if r["candidate"] == with_candidate]
+            mean[with_candidate] = sum(r["floodgate_cpu_us_per_decision"] for r in mine) / len(mine)
+            for r in mine:
+                ratio = (f"{r['floodgate_cpu_us_per_decision'] / mean[False]:.2f}"
+                         if with_candidate else "-")
+                redis_cpu = r["redis_cpu_us_per_decision"]
+                out.append(f"| {backend} | {descriptors} | {'yes' if with_candidate else 'no'} "
+                           f"| {r['decisions_per_s']:,.0f} | {r['latency_us']['p99']} "
+                           f"| {r['floodgate_cpu_us_per_decision']} "
+                           f"| {'-' if redis_cpu is None else redis_cpu} | {ratio} |")
+    return "\n".join(out)
+
+
 def fairness_row(binary, harness, floodgate, seconds, generate):
     """The light caller alone, then beside the heavy caller (under `nice`), on `floodgate`."""
     def light(name):
@@ -730,7 +788,7 @@ def table(results):
 
 
 def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(),
-                 scale=(), fair=None, rlqs_runs=None):
+                 scale=(), fair=None, rlqs_runs=None, cands=None):
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -846,6 +904,14 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
                   f"keeping {FAIRNESS_HEAVY[1]} calls of {FAIRNESS_HEAVY[5]} descriptors in "
                   "flight on one connection (under `nice` on the generator CPU), both with 1 s "
                   "deadlines.", "", fairness_table(fair), ""]
+    if cands:
+        lines += ["## Candidate rules", "",
+                  "The same load without and with a candidate rule (`--candidate-config "
+                  "scripts/bench-candidates`: a second, never-reached limit on every `user` "
+                  f"bucket), {CANDIDATE_ROUNDS} rounds in turn, each on a fresh floodgate "
+                  "(and Redis); floodgate on one CPU, the generator and Redis on the other. "
+                  "CPU ratio: floodgate CPU per decision over the mean of the runs without "
+                  "(target: at most 1.3).", "", candidates_table(cands), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -867,6 +933,8 @@ def main():
                         help="add the RLQS section (simulated Envoys on every backend)")
     parser.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=True,
                         help="add the fairness section (a light caller beside a heavy one)")
+    parser.add_argument("--candidates", action=argparse.BooleanOptionalAction, default=True,
+                        help="add the candidate-rule section (memory and redis)")
     parser.add_argument("--cold-spikes", action=argparse.BooleanOptionalAction, default=True,
                         help="add the cold-replica spike section (redis)")
     parser.add_argument("--overload-cpu-share", type=float, metavar="SHARE",
@@ -887,7 +955,7 @@ def main():
             "machine": machine(), "seconds": seconds, "pinning": pins}
     harness = Harness("bench-report")
     results, ceilings, overloads, colds, spikes, scale = [], {}, {}, [], [], []
-    fair, rlqs_runs = None, None
+    fair, rlqs_runs, cands = None, None, None
     started = time.monotonic()
     try:
         for backend in filter(None, args.backends.split(",")):
@@ -950,6 +1018,8 @@ def main():
             rlqs_runs = rlqs(args.binary, harness, rules, pins)
         if args.fairness:
             fair = fairness(args.binary, harness, rules, seconds, pins)
+        if args.candidates:
+            cands = candidates(args.binary, harness, rules, seconds, pins)
         if args.scaling:
             scale = scaling(args.binary, harness, rules, seconds)
         raw = os.path.splitext(args.out)[0] + ".jsonl"
@@ -971,8 +1041,10 @@ def main():
                 f.write(json.dumps({"fairness": fair}) + "\n")
             if rlqs_runs:
                 f.write(json.dumps({"rlqs": rlqs_runs}) + "\n")
+            for row in cands or ():
+                f.write(json.dumps({"candidates": row}) + "\n")
         write_report(args.out, meta, results, ceilings, args.argv, overloads, colds, spikes,
-                     scale, fair, rlqs_runs)
+                     scale, fair, rlqs_runs, cands)
         log(f"wrote {args.out} and {raw} in {time.monotonic() - started:.0f}s")
     finally:
         harness.close()

@@ -14,8 +14,8 @@ use std::process::ExitCode;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{CommandFactory, FromArgMatches};
-use floodgate::cli::reference_env::{self, ProcessEnvironment, Report};
 use floodgate::cli::{self, Cli, Command, ServeArgs};
+use floodgate::compat::{self, ProcessEnvironment, Report};
 use floodgate::otel::Tracing;
 use floodgate::server::Server;
 use floodgate::telemetry::LevelFilter;
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let matches = cli::serve_matches(&matches);
-            let applied = reference_env::apply(&mut args, matches, &ProcessEnvironment)
+            let applied = compat::apply(&mut args, matches, &ProcessEnvironment)
                 .map_err(|error| error.to_string())
                 .and_then(|report| args.check_plaintext().map(|()| report));
             match applied {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use clap::{CommandFactory, FromArgMatches};
-use floodgate::cli::reference_env::apply;
+use floodgate::compat::apply;
 use floodgate::cli::{Cli, Command, serve_matches, with_default_command};
 use libfuzzer_sys::fuzz_target;
 

@@ -17,7 +17,7 @@ pub struct TracingArgs {
     #[arg(long, env = "FLOODGATE_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// OTLP transport: `http` (http/protobuf) or `grpc`.
-    #[arg(long, env = "FLOODGATE_OTLP_PROTOCOL", value_enum, default_value_t = OtlpProtocol::Http)]
+    #[arg(long, env = "FLOODGATE_OTLP_PROTOCOL", value_name = "PROTOCOL", value_enum, default_value_t = OtlpProtocol::Http)]
     pub otlp_protocol: OtlpProtocol,
     /// `service.name` of the exported spans.
     #[arg(long, env = "FLOODGATE_TRACING_SERVICE_NAME", value_name = "NAME", default_value = DEFAULT_SERVICE_NAME)]
@@ -76,7 +76,7 @@ impl TracingArgs {
 }
 
 /// A sampling rate: a number from 0 to 1.
-pub(super) fn parse_rate(value: &str) -> Result<f64, String> {
+pub(crate) fn parse_rate(value: &str) -> Result<f64, String> {
     match value.trim().parse::<f64>() {
         Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
         _ => Err(format!("`{value}` is not a rate between 0 and 1")),

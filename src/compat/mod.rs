@@ -26,8 +26,8 @@ use clap::ArgMatches;
 use clap::parser::ValueSource;
 use url::Url;
 
-use super::tracing_args::parse_rate;
-use super::{
+use crate::cli::tracing_args::parse_rate;
+use crate::cli::{
     BackendKind, ConfigSource, GoDuration, LogFormat, OnOverLimit, RedisUrl, ResponseHeaders,
     SecretText, ServeArgs,
 };

@@ -39,8 +39,8 @@ pub(super) enum Convert {
     Bool(fn(&mut ServeArgs) -> &mut bool),
     /// A Go duration.
     Duration(fn(&mut ServeArgs) -> &mut GoDuration),
-    /// A Go duration, as whole milliseconds of at least 1.
-    Millis(fn(&mut ServeArgs) -> &mut u64),
+    /// A Go duration, at least 1 ms (less is read as 1 ms).
+    Millis(fn(&mut ServeArgs) -> &mut GoDuration),
     /// A conversion of its own, which also sets the field.
     Other(fn(&str, &mut ServeArgs) -> Result<(), String>),
 }
@@ -56,8 +56,8 @@ impl Convert {
             Bool(field) => *field(args) = parse_bool(value)?,
             Duration(field) => *field(args) = value.parse()?,
             Millis(field) => {
-                let millis = parse_go_duration(value)?.as_millis();
-                *field(args) = u64::try_from(millis).unwrap_or(u64::MAX).max(1);
+                let duration = parse_go_duration(value)?;
+                *field(args) = GoDuration(duration.max(std::time::Duration::from_millis(1)));
             }
             Other(convert) => convert(value, args)?,
         }
@@ -118,10 +118,10 @@ pub(super) static ROWS: [Row; 39] = [
         OptionalText(|a| &mut a.xds.xds_tls_san)),
     row(Always, "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "--xds-max-message-bytes",
         Other(xds_max_message_bytes)),
-    row(Always, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "--xds-backoff-initial-ms",
-        Millis(|a| &mut a.xds.xds_backoff_initial_ms)),
-    row(Always, "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max-ms",
-        Millis(|a| &mut a.xds.xds_backoff_max_ms)),
+    row(Always, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "--xds-backoff-initial",
+        Millis(|a| &mut a.xds.xds_backoff_initial)),
+    row(Always, "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max",
+        Millis(|a| &mut a.xds.xds_backoff_max)),
     row(Always, "FORCE_START_WITHOUT_INITIAL_CONFIG", "--force-start-without-initial-config",
         Bool(|a| &mut a.xds.force_start_without_initial_config)),
     row(Always, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",

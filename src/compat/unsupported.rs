@@ -67,8 +67,8 @@ fn when_true(value: &str) -> bool {
 const METRICS_ON_ADMIN: &str = "metrics are at /metrics on the admin HTTP port (--http-addr)";
 const ONE_SCRIPT_CALL: &str =
     "one request's descriptors always go to Redis together, in one script call per node";
-const BACKEND_TIMEOUT: &str = "each backend call is bounded by --backend-timeout-ms instead \
-     (FLOODGATE_BACKEND_TIMEOUT_MS), far below the reference's 10 s I/O timeout";
+const BACKEND_TIMEOUT: &str = "each backend call is bounded by --backend-timeout instead \
+     (FLOODGATE_BACKEND_TIMEOUT), far below the reference's 10 s I/O timeout";
 const NO_POOL_WAIT: &str = "calls never wait for a free pooled connection: they share the \
      pool's connections, and one that cannot be answered in time is shed";
 const LEGACY_HEADER_NAMES: &str =

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::cli::reference_env::statsd_vars::STATSD_OFF_NOTICE;
+use crate::compat::statsd_vars::STATSD_OFF_NOTICE;
 use crate::statsd::{Flavor, Protocol, StatsdSettings};
 
 fn statsd(vars: Vars) -> Option<StatsdSettings> {

@@ -1,7 +1,7 @@
 //! Every row of the one-to-one table, against the flag it stands in for.
 
 use super::*;
-use crate::cli::reference_env::table::{Convert, Gate, ROWS, Row};
+use crate::compat::table::{Convert, Gate, ROWS, Row};
 
 /// Variables that open `gate`, so that its rows apply.
 fn opening(gate: Gate) -> Vars<'static> {
@@ -28,7 +28,7 @@ fn sample(row: &Row) -> (&'static str, &'static [&'static str]) {
         // The flag is a switch without a value.
         Convert::Bool(_) => ("True", &[]),
         Convert::Duration(_) => ("1m30s", &["90s"]),
-        Convert::Millis(_) => ("1.5s", &["1500"]),
+        Convert::Millis(_) => ("1.5s", &["1500ms"]),
         Convert::Other(_) => match row.variable {
             "LOG_FORMAT" => ("JSON", &["json"]),
             "LIMIT_RESPONSE_HEADERS_ENABLED" => ("1", &["legacy"]),

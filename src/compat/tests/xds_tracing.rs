@@ -41,8 +41,11 @@ fn an_envoy_gateway_xds_deployment_maps_onto_floodgate_settings() {
     assert_eq!(xds.config_source, ConfigSource::Xds);
     assert!(xds.force_start_without_initial_config && xds.healthy_with_at_least_one_config_loaded);
     assert_eq!(
-        (xds.xds_backoff_initial_ms, xds.xds_backoff_max_ms),
-        (1500, 120_000)
+        (xds.xds_backoff_initial.0, xds.xds_backoff_max.0),
+        (
+            std::time::Duration::from_millis(1500),
+            std::time::Duration::from_secs(120)
+        )
     );
     assert_eq!(xds.xds_backoff_jitter, 0.2);
     assert!(!format!("{args:?}").contains("s3cret"));

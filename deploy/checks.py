@@ -57,6 +57,15 @@ RATE_LIMIT_KEYS = {"unit", "requests_per_unit", "unlimited", "name", "replaces",
 failures = []
 
 
+def go_seconds(text):
+    """Seconds of a duration in Go's syntax (`10s`, `1m30s`, `500ms`, `0`)."""
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"([0-9.]+)(ns|us|µs|ms|s|m|h)", text)
+    if text != "0" and "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"`{text}` is not a Go duration")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 def fail(where, message):
     failures.append(f"{where}: {message}")
 
@@ -304,7 +313,7 @@ def check_floodgate(render, objects):
     liveness = container.get("livenessProbe", {}).get("httpGet", {})
     if liveness.get("path") != "/livez" or port_number(container, liveness.get("port")) != http_port:
         fail(where, f"liveness must be GET /livez on {http_port}")
-    drain_s = int(env.get("FLOODGATE_DRAIN_TIMEOUT_MS", "10000")) / 1000
+    drain_s = go_seconds(env.get("FLOODGATE_DRAIN_TIMEOUT", "10s"))
     sleep_s = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
     grace = pod.get("terminationGracePeriodSeconds", 30)
     if grace <= drain_s + sleep_s:

@@ -83,6 +83,24 @@ impl fmt::Display for GoDuration {
     }
 }
 
+/// A duration flag's value: its Go-syntax value, or the whole milliseconds given to its old
+/// `-ms` spelling (kept as a hidden alias) when that was given instead.
+pub fn or_legacy_millis(duration: GoDuration, legacy_ms: Option<u64>) -> Duration {
+    legacy_ms.map_or(duration.0, Duration::from_millis)
+}
+
+/// A Go duration of at least 1 ms, for bounds that cannot be zero.
+///
+/// # Errors
+/// Not a Go duration, or under 1 ms.
+pub fn parse_positive(text: &str) -> Result<GoDuration, String> {
+    let duration: GoDuration = text.parse()?;
+    if duration.0 < Duration::from_millis(1) {
+        return Err(format!("`{text}` is under the least allowed, 1ms"));
+    }
+    Ok(duration)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,10 @@
 //! Module map, top down: a module uses only modules listed below it (`tests/it/layering.rs`
 //! checks this), and nothing below `service` knows about gRPC.
 //!
+//! - `compat`: the reference service's (envoyproxy/ratelimit) environment variables, read
+//!   into the serve settings they stand in for, and the ones refused.
 //! - `cli`: the command line (`serve`, `check-config`, `bench`), every serve setting with its
-//!   default, and the reference service's environment variables that stand in for them.
+//!   default.
 //! - `telemetry`, `shutdown`: logging and signals.
 //! - `bench`: `floodgate bench`, the load generator (a gRPC client of the service).
 //! - `server`: wiring; binds listeners, serves gRPC + admin, reloads, shuts down gracefully.
@@ -36,6 +38,8 @@
 //! - `rules`: validated rule types (units, algorithms, policies).
 //! - `redact`: secrets out of URLs, errors and logs.
 //! - `clock`: wall time in ms since the epoch, injected (`ManualClock` in tests).
+//! - `duration`: durations as Go writes them (`300ms`, `1h30m`), the one grammar of every
+//!   duration flag, `bench` option and reference variable.
 //! - `proto`: generated Envoy RLS v3 protobuf code.
 
 pub mod admin;
@@ -44,7 +48,9 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod clock;
+pub mod compat;
 pub mod config;
+pub mod duration;
 pub mod dynamic_metadata;
 pub mod headers;
 pub mod health;

@@ -318,7 +318,7 @@ class Floodgate:
         self.args = [*prefix, binary, "serve", "--config", config_dir, "--backend", backend,
                      "--grpc-addr", f"{LOOPBACK}:{self.grpc_port}",
                      "--http-addr", f"{LOOPBACK}:{self.http_port}",
-                     "--health-grace-ms", "0", *extra]
+                     "--health-grace", "0", *extra]
         if urls:
             self.args += ["--redis-url", ",".join(urls)]
         self.proc = None

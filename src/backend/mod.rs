@@ -23,7 +23,7 @@ use crate::overload::{ConnectionId, Deadline};
 use crate::redact::{self, Scrub};
 use crate::rules::Policy;
 
-/// Default bound on a request's backend work, the `--backend-timeout-ms` default (Envoy's
+/// Default bound on a request's backend work, the `--backend-timeout` default (Envoy's
 /// own default timeout for the whole call is 20 ms higher up, so this only bounds stragglers).
 pub const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_millis(100);
 

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::duration::GoDuration;
+
 use super::envoy_quota::Fallback;
 
 /// Default run length.
@@ -45,7 +47,7 @@ pub struct BenchArgs {
     #[arg(long, requires = "rate")]
     pub fail_when_busy: bool,
     /// Run time (e.g. `30s`, `2m`, `500ms`); the run also stops after `--count` calls.
-    #[arg(long, value_name = "TIME", default_value = DEFAULT_DURATION, value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_DURATION, value_parser = parse_duration)]
     pub duration: Duration,
     /// Stop after this many calls.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -77,7 +79,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "NAME", default_value = "tiny")]
     pub over_limit_key: String,
     /// Deadline of one call (sent as `grpc-timeout`); a call past it counts as an error.
-    #[arg(long, value_name = "TIME", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Write per-key results here (JSON): OK counts per fixed window of `--record-window`
     /// and errors per second, to check admitted counts against limits across replicas.
@@ -85,7 +87,7 @@ pub struct BenchArgs {
     pub record: Option<PathBuf>,
     /// Window of the `--record` OK counts; aligned to the Unix epoch like floodgate's fixed
     /// windows.
-    #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub record_window: Duration,
     /// With `--record`: the rules directory, so each key's Redis key (and so its cluster
     /// slot) is written beside it.
@@ -116,14 +118,14 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub rlqs_limit: Option<u64>,
     /// With `--rlqs`: the rule's window; admitted counts are per epoch-aligned window.
-    #[arg(long, value_name = "TIME", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub rlqs_window: Duration,
     /// With `--rlqs`: windows starting within this time of the start are not counted
     /// (Envoy's first reports and assignments take a few 5 s rounds).
-    #[arg(long, value_name = "TIME", default_value = "20s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
     pub rlqs_warmup: Duration,
     /// With `--rlqs`: what an Envoy does before its first assignment and after one expires.
-    #[arg(long, value_enum, default_value_t = Fallback::Allow)]
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = Fallback::Allow)]
     pub rlqs_no_assignment: Fallback,
     /// With `--rlqs`: another replica's gRPC address (repeatable); streams alternate over
     /// `--target` and these.
@@ -228,31 +230,12 @@ impl FromStr for Rate {
     }
 }
 
-/// `250ms`, `30s`, `2m`, `1h`; a bare number is seconds.
+/// A duration in Go's syntax (`250ms`, `30s`, `1m30s`), as every duration flag of `serve`.
 ///
 /// # Errors
-/// Not a number with one of those units.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 30s"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown duration unit `{other}` (use ms, s, m or h)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
+/// Not a Go duration.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    text.parse::<GoDuration>().map(|duration| duration.0)
 }
 
 fn parse_share(text: &str) -> Result<f64, String> {
@@ -357,7 +340,7 @@ mod tests {
         );
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_duration("30").is_err(), "a bare number has no unit");
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod quota;
 mod stats;
 mod workload;
 
-pub use args::{BenchArgs, Rate, parse_duration};
+pub use args::{BenchArgs, Rate};
 pub use stats::{Latency, Mode, Summary};
 
 use crate::backend::BucketKey;

@@ -5,14 +5,13 @@
 //! binary is configured by flags locally and by the environment in Kubernetes. Parsing goes
 //! through [`Cli::try_parse_from`], so tests hand in arguments and never touch the process
 //! environment of other tests. Defaults are named constants beside the flags that use them.
-//! `serve` also reads envoyproxy/ratelimit's variables, below its own ([`reference_env`]).
+//! `serve` also reads envoyproxy/ratelimit's variables, below its own ([`crate::compat`]).
 
 use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
 use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 
@@ -24,18 +23,17 @@ use crate::server::Settings;
 use crate::tls::{self, TlsFiles};
 
 mod choices;
-pub mod duration;
+use crate::duration;
 mod plaintext;
-pub mod reference_env;
 mod rlqs_args;
 mod statsd_args;
 mod topology_args;
-mod tracing_args;
+pub(crate) mod tracing_args;
 mod xds_args;
 
+pub use crate::duration::GoDuration;
 pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, OnOverLimit, RedisScripting, ResponseHeaders};
-pub use duration::GoDuration;
 pub use rlqs_args::RlqsArgs;
 pub use statsd_args::StatsdArgs;
 pub use topology_args::TopologyArgs;
@@ -59,18 +57,18 @@ pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:8081";
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
 /// Default Redis URL: a local single node.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
-/// Default bound on one backend call, in ms; Envoy's own default timeout is 20 ms higher up.
-pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 =
-    crate::backend::DEFAULT_BACKEND_TIMEOUT.as_millis() as u64;
+/// Default bound on one backend call (`backend::DEFAULT_BACKEND_TIMEOUT`); Envoy's own
+/// default timeout is 20 ms higher up.
+pub const DEFAULT_BACKEND_TIMEOUT: &str = "100ms";
 /// Default size of the local over-limit cache.
 pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
-/// Default trust period of a local over-limit cache entry, in ms.
-pub const DEFAULT_LOCAL_CACHE_MAX_AGE_MS: u64 =
-    crate::limiter::DEFAULT_LOCAL_CACHE_MAX_AGE.as_millis() as u64;
-/// Default time in-flight calls get to finish after shutdown starts, in ms.
-pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
-/// Default pause between reporting NOT_SERVING and closing the listeners, in ms.
-pub const DEFAULT_HEALTH_GRACE_MS: u64 = 2_000;
+/// Default trust period of a local over-limit cache entry
+/// (`limiter::DEFAULT_LOCAL_CACHE_MAX_AGE`).
+pub const DEFAULT_LOCAL_CACHE_MAX_AGE: &str = "3s";
+/// Default time in-flight calls get to finish after shutdown starts.
+pub const DEFAULT_DRAIN_TIMEOUT: &str = "10s";
+/// Default pause between reporting NOT_SERVING and closing the listeners.
+pub const DEFAULT_HEALTH_GRACE: &str = "2s";
 /// Default HTTP/2 keepalive ping interval.
 pub const DEFAULT_GRPC_KEEPALIVE_INTERVAL: &str = "60s";
 /// Default HTTP/2 keepalive ping timeout.
@@ -85,10 +83,10 @@ pub const DEFAULT_GRPC_FIRST_CALL_TIMEOUT: &str = "5s";
 pub const DEFAULT_OVERLOAD_TARGET_LATENCY: &str = "5ms";
 /// Default xDS node id: the reference's.
 pub const DEFAULT_XDS_NODE_ID: &str = "default";
-/// Default first xDS reconnect delay, in ms.
-pub const DEFAULT_XDS_BACKOFF_INITIAL_MS: u64 = 1_000;
-/// Default longest xDS reconnect delay, in ms: the reference's.
-pub const DEFAULT_XDS_BACKOFF_MAX_MS: u64 = 60_000;
+/// Default first xDS reconnect delay.
+pub const DEFAULT_XDS_BACKOFF_INITIAL: &str = "1s";
+/// Default longest xDS reconnect delay: the reference's.
+pub const DEFAULT_XDS_BACKOFF_MAX: &str = "60s";
 /// Default spread of each xDS reconnect delay: the reference's.
 pub const DEFAULT_XDS_BACKOFF_JITTER: f64 = 0.5;
 
@@ -202,7 +200,7 @@ pub struct ServeArgs {
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR)]
     pub http_addr: SocketAddr,
     /// Where bucket state lives.
-    #[arg(long, env = "FLOODGATE_BACKEND", value_enum, default_value_t = BackendKind::Memory)]
+    #[arg(long, env = "FLOODGATE_BACKEND", value_name = "KIND", value_enum, default_value_t = BackendKind::Memory)]
     pub backend: BackendKind,
     /// Redis URL(s), comma-separated: one node for `redis`, seed nodes for `redis-cluster`.
     /// `rediss://` for TLS; user and password go in the URL.
@@ -226,39 +224,53 @@ pub struct ServeArgs {
     pub redis_pool_size: u32,
     /// How the Redis backends run their Lua code: `auto` (functions on Redis >= 7, else
     /// scripts), `evalsha` or `functions`.
-    #[arg(long, env = "FLOODGATE_REDIS_SCRIPTING", value_enum, default_value_t = RedisScripting::Auto)]
+    #[arg(long, env = "FLOODGATE_REDIS_SCRIPTING", value_name = "MODE", value_enum, default_value_t = RedisScripting::Auto)]
     pub redis_scripting: RedisScripting,
     /// PEM file of the CA that signs the Redis servers' certificates (for `rediss://` with a
     /// private CA; the public web roots are trusted without it).
     #[arg(long, env = "FLOODGATE_REDIS_CA_FILE", value_name = "FILE")]
     pub redis_ca_file: Option<PathBuf>,
-    /// Bound on one backend call, in milliseconds.
+    /// Bound on one backend call (Go syntax: 100ms, 1s); the caller's `grpc-timeout` bounds
+    /// it further.
     #[arg(
         long,
-        env = "FLOODGATE_BACKEND_TIMEOUT_MS",
-        value_name = "MS",
-        default_value_t = DEFAULT_BACKEND_TIMEOUT_MS,
-        value_parser = clap::value_parser!(u64).range(1..)
+        env = "FLOODGATE_BACKEND_TIMEOUT",
+        value_name = "DURATION",
+        default_value = DEFAULT_BACKEND_TIMEOUT,
+        value_parser = duration::parse_positive
     )]
-    pub backend_timeout_ms: u64,
+    pub backend_timeout: GoDuration,
+    /// The old spelling of --backend-timeout, in whole milliseconds.
+    #[arg(long, env = "FLOODGATE_BACKEND_TIMEOUT_MS", value_name = "MS", hide = true,
+          conflicts_with = "backend_timeout", value_parser = clap::value_parser!(u64).range(1..))]
+    pub backend_timeout_ms: Option<u64>,
     /// Answer when the backend fails: `error` (UNAVAILABLE), `allow` or `deny`.
-    #[arg(long, env = "FLOODGATE_FAILURE_MODE", value_enum, default_value_t = FailureMode::Error)]
+    #[arg(long, env = "FLOODGATE_FAILURE_MODE", value_name = "MODE", value_enum, default_value_t = FailureMode::Error)]
     pub failure_mode: FailureMode,
     /// What a request over the limit books under rules that do not set `on_over_limit`:
     /// `reject` (nothing) or `consume` (its whole cost). Default: `reject` for rules from
     /// files, `consume` for rules from xDS (docs/cost-budgets.md).
-    #[arg(long, env = "FLOODGATE_ON_OVER_LIMIT", value_enum)]
+    #[arg(long, env = "FLOODGATE_ON_OVER_LIMIT", value_name = "MODE", value_enum)]
     pub on_over_limit: Option<OnOverLimit>,
     /// Rate-limit headers added to responses.
-    #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS", value_enum, default_value_t = ResponseHeaders::Off)]
+    #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS", value_name = "MODE", value_enum, default_value_t = ResponseHeaders::Off)]
     pub response_headers: ResponseHeaders,
     /// Entries of the local over-limit cache; 0 disables it.
     #[arg(long, env = "FLOODGATE_LOCAL_CACHE_ENTRIES", value_name = "N", default_value_t = DEFAULT_LOCAL_CACHE_ENTRIES)]
     pub local_cache_entries: usize,
     /// Longest time a local over-limit cache entry answers before the backend is asked
     /// again (a refund or another replica may have freed room); 0 disables the cache.
-    #[arg(long, env = "FLOODGATE_LOCAL_CACHE_MAX_AGE_MS", value_name = "MS", default_value_t = DEFAULT_LOCAL_CACHE_MAX_AGE_MS)]
-    pub local_cache_max_age_ms: u64,
+    #[arg(long, env = "FLOODGATE_LOCAL_CACHE_MAX_AGE", value_name = "DURATION", default_value = DEFAULT_LOCAL_CACHE_MAX_AGE)]
+    pub local_cache_max_age: GoDuration,
+    /// The old spelling of --local-cache-max-age, in whole milliseconds.
+    #[arg(
+        long,
+        env = "FLOODGATE_LOCAL_CACHE_MAX_AGE_MS",
+        value_name = "MS",
+        hide = true,
+        conflicts_with = "local_cache_max_age"
+    )]
+    pub local_cache_max_age_ms: Option<u64>,
     /// Evaluate every limit but force the overall code to OK. The variable accepts the usual
     /// spellings (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`).
     #[arg(long, env = "FLOODGATE_SHADOW_MODE", value_parser = clap::builder::BoolishValueParser::new())]
@@ -268,7 +280,7 @@ pub struct ServeArgs {
     #[arg(long, env = "FLOODGATE_QUOTA_MODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub quota_mode: bool,
     /// Log line format; the level comes from `RUST_LOG`.
-    #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Prefix of every backend key, to share a Redis between deployments.
     #[arg(long, env = "FLOODGATE_KEY_PREFIX", value_name = "STR", default_value = crate::backend::keys::DEFAULT_KEY_PREFIX)]
@@ -282,13 +294,31 @@ pub struct ServeArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     pub memory_max_buckets: usize,
-    /// Time in-flight calls get to finish after shutdown starts, in milliseconds.
-    #[arg(long, env = "FLOODGATE_DRAIN_TIMEOUT_MS", value_name = "MS", default_value_t = DEFAULT_DRAIN_TIMEOUT_MS)]
-    pub drain_timeout_ms: u64,
-    /// Pause between reporting NOT_SERVING and closing the listeners, in milliseconds, so
-    /// Envoy stops sending before the port closes.
-    #[arg(long, env = "FLOODGATE_HEALTH_GRACE_MS", value_name = "MS", default_value_t = DEFAULT_HEALTH_GRACE_MS)]
-    pub health_grace_ms: u64,
+    /// Time in-flight calls get to finish after shutdown starts.
+    #[arg(long, env = "FLOODGATE_DRAIN_TIMEOUT", value_name = "DURATION", default_value = DEFAULT_DRAIN_TIMEOUT)]
+    pub drain_timeout: GoDuration,
+    /// The old spelling of --drain-timeout, in whole milliseconds.
+    #[arg(
+        long,
+        env = "FLOODGATE_DRAIN_TIMEOUT_MS",
+        value_name = "MS",
+        hide = true,
+        conflicts_with = "drain_timeout"
+    )]
+    pub drain_timeout_ms: Option<u64>,
+    /// Pause between reporting NOT_SERVING and closing the listeners, so Envoy stops sending
+    /// before the port closes.
+    #[arg(long, env = "FLOODGATE_HEALTH_GRACE", value_name = "DURATION", default_value = DEFAULT_HEALTH_GRACE)]
+    pub health_grace: GoDuration,
+    /// The old spelling of --health-grace, in whole milliseconds.
+    #[arg(
+        long,
+        env = "FLOODGATE_HEALTH_GRACE_MS",
+        value_name = "MS",
+        hide = true,
+        conflicts_with = "health_grace"
+    )]
+    pub health_grace_ms: Option<u64>,
     /// Most per-rule metric series built from request values (`detailed_metric`,
     /// `value_to_metric`, limit overrides), six per key; past it they fold into `_overflow`.
     #[arg(long, env = "FLOODGATE_MAX_METRIC_SERIES", value_name = "N", default_value_t = crate::metrics::DEFAULT_MAX_METRIC_SERIES)]
@@ -443,7 +473,7 @@ impl ServeArgs {
     /// # Errors
     /// The CA file cannot be read.
     pub fn settings(&self) -> Result<Settings, String> {
-        let timeout = Duration::from_millis(self.backend_timeout_ms);
+        let timeout = duration::or_legacy_millis(self.backend_timeout, self.backend_timeout_ms);
         let tls_ca_pem = match &self.redis_ca_file {
             Some(path) => Some(std::fs::read(path).map_err(|error| {
                 format!("cannot read --redis-ca-file {}: {error}", path.display())
@@ -489,7 +519,10 @@ impl ServeArgs {
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
                 local_cache_entries: self.local_cache_entries,
-                local_cache_max_age: Duration::from_millis(self.local_cache_max_age_ms),
+                local_cache_max_age: duration::or_legacy_millis(
+                    self.local_cache_max_age,
+                    self.local_cache_max_age_ms,
+                ),
                 top: crate::top::TopOptions {
                     capacity: self.top_capacity as usize,
                     show_values: self.top_show_values,
@@ -498,8 +531,8 @@ impl ServeArgs {
             },
             on_over_limit: self.on_over_limit.map(Into::into),
             header_mode: self.response_headers.into(),
-            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
-            shutdown_grace: Duration::from_millis(self.health_grace_ms),
+            drain_timeout: duration::or_legacy_millis(self.drain_timeout, self.drain_timeout_ms),
+            shutdown_grace: duration::or_legacy_millis(self.health_grace, self.health_grace_ms),
             max_metric_series: self.max_metric_series,
             grpc_tls: self.grpc_tls()?,
             grpc_limits: self.grpc_limits(),

@@ -18,11 +18,11 @@ pub struct StatsdArgs {
     pub statsd_addr: Option<String>,
     /// Transport: `tcp` (newline-separated lines on one connection, the reference's
     /// USE_STATSD) or `udp` (the reference's USE_DOG_STATSD).
-    #[arg(long, env = "FLOODGATE_STATSD_PROTOCOL", value_enum, default_value_t = Protocol::Tcp)]
+    #[arg(long, env = "FLOODGATE_STATSD_PROTOCOL", value_name = "PROTOCOL", value_enum, default_value_t = Protocol::Tcp)]
     pub statsd_protocol: Protocol,
     /// Line format: `statsd` (tags as `.__key=value` name suffixes, as the reference's
     /// gostats writes them) or `dogstatsd` (tags as `|#key:value,...`).
-    #[arg(long, env = "FLOODGATE_STATSD_FLAVOR", value_enum, default_value_t = Flavor::Statsd)]
+    #[arg(long, env = "FLOODGATE_STATSD_FLAVOR", value_name = "FLAVOR", value_enum, default_value_t = Flavor::Statsd)]
     pub statsd_flavor: Flavor,
     /// Time between flushes (Go syntax: 10s, 1m); each sends counters' change since the
     /// last one and gauges' values.

@@ -1,6 +1,7 @@
 //! The command line: parsing, defaults, env vars, redaction.
 
 use super::*;
+use std::time::Duration;
 
 fn parse(args: &[&str]) -> Command {
     let argv = std::iter::once("floodgate").chain(args.iter().copied());
@@ -31,7 +32,14 @@ fn no_subcommand_means_serve_with_spec_defaults() {
     assert_eq!(args.backend, BackendKind::Memory);
     assert_eq!(args.redis_url, ["redis://127.0.0.1:6379".parse().unwrap()]);
     assert_eq!(args.redis_pool_size, 2);
-    assert_eq!(args.backend_timeout_ms, 100);
+    assert_eq!(
+        args.backend_timeout.0,
+        crate::backend::DEFAULT_BACKEND_TIMEOUT
+    );
+    assert_eq!(
+        args.local_cache_max_age.0,
+        crate::limiter::DEFAULT_LOCAL_CACHE_MAX_AGE
+    );
     assert_eq!(args.failure_mode, FailureMode::Error);
     assert_eq!(args.response_headers, ResponseHeaders::Off);
     assert_eq!(args.local_cache_entries, 10_000);
@@ -39,8 +47,53 @@ fn no_subcommand_means_serve_with_spec_defaults() {
     assert_eq!(args.log_format, LogFormat::Text);
     assert_eq!(args.key_prefix, "fg");
     assert_eq!(args.memory_max_buckets, 1_000_000);
-    assert_eq!(args.drain_timeout_ms, 10_000);
-    assert_eq!(args.health_grace_ms, 2_000);
+    assert_eq!(args.drain_timeout.0, Duration::from_secs(10));
+    assert_eq!(args.health_grace.0, Duration::from_secs(2));
+}
+
+/// The old `-ms` spellings (flags and variables) stay as hidden aliases in whole
+/// milliseconds; the new ones take Go durations only, and the two cannot be mixed.
+#[test]
+fn old_millisecond_spellings_still_work() {
+    let settings = |argv: &[&str]| serve(argv).settings().unwrap();
+    let legacy = settings(&[
+        "--backend-timeout-ms",
+        "250",
+        "--local-cache-max-age-ms",
+        "1500",
+        "--drain-timeout-ms",
+        "700",
+        "--health-grace-ms",
+        "0",
+    ]);
+    let current = settings(&[
+        "--backend-timeout",
+        "250ms",
+        "--local-cache-max-age",
+        "1.5s",
+        "--drain-timeout",
+        "700ms",
+        "--health-grace",
+        "0",
+    ]);
+    for settings in [&legacy, &current] {
+        assert_eq!(settings.limiter.backend_timeout, Duration::from_millis(250));
+        assert_eq!(
+            settings.limiter.local_cache_max_age,
+            Duration::from_millis(1500)
+        );
+        assert_eq!(settings.drain_timeout, Duration::from_millis(700));
+        assert_eq!(settings.shutdown_grace, Duration::ZERO);
+    }
+    for argv in [
+        &["--backend-timeout", "250"][..],
+        &["--backend-timeout", "0"],
+        &["--backend-timeout", "250ms", "--backend-timeout-ms", "250"],
+    ] {
+        let argv = std::iter::once("floodgate").chain(argv.iter().copied());
+        let parsed = Cli::try_parse_from(with_default_command(argv.map(OsString::from)));
+        assert!(parsed.is_err(), "{parsed:?}");
+    }
 }
 
 #[test]
@@ -90,6 +143,7 @@ fn bad_values_are_rejected() {
         &["--grpc-addr", "nowhere"],
         &["--redis-pool-size", "0"],
         &["--backend-timeout-ms", "0"],
+        &["--backend-timeout", "500us"],
         &["--memory-max-buckets", "0"],
         &["--backend", "redis-cluster", "--redis-sentinel-master", "m"],
         &["--backend", "redis", "--redis-master-auth", "pw"],
@@ -133,7 +187,7 @@ fn every_serve_flag_has_its_env_var() {
         .get_arguments()
         .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
         .collect();
-    assert_eq!(flags.len(), 76);
+    assert_eq!(flags.len(), 85);
     for arg in flags {
         let long = arg.get_long().unwrap();
         let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));

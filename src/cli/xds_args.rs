@@ -2,14 +2,14 @@
 //! (docs/operations.md#security-and-config-sources).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
 use super::{
-    DEFAULT_XDS_BACKOFF_INITIAL_MS, DEFAULT_XDS_BACKOFF_JITTER, DEFAULT_XDS_BACKOFF_MAX_MS,
+    DEFAULT_XDS_BACKOFF_INITIAL, DEFAULT_XDS_BACKOFF_JITTER, DEFAULT_XDS_BACKOFF_MAX,
     DEFAULT_XDS_NODE_ID,
 };
+use crate::duration::{self, GoDuration};
 use crate::redact::SecretText;
 use crate::server::Startup;
 use crate::xds::{self, Backoff, XdsSettings, XdsTls};
@@ -18,7 +18,7 @@ use crate::xds::{self, Backoff, XdsSettings, XdsTls};
 #[derive(Debug, Clone, Args)]
 pub struct XdsArgs {
     /// Where rules come from: `file` (the --config directory) or `xds` (--xds-server).
-    #[arg(long, env = "FLOODGATE_CONFIG_SOURCE", value_enum, default_value_t = ConfigSource::File)]
+    #[arg(long, env = "FLOODGATE_CONFIG_SOURCE", value_name = "SOURCE", value_enum, default_value_t = ConfigSource::File)]
     pub config_source: ConfigSource,
     /// xDS management server (ADS, State of the World): `host:port` or an `http(s)://` URL.
     #[arg(long, env = "FLOODGATE_XDS_SERVER", value_name = "URL")]
@@ -62,18 +62,31 @@ pub struct XdsArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..)
     )]
     pub xds_max_message_bytes: usize,
-    /// First reconnect delay, in milliseconds; doubles up to --xds-backoff-max-ms.
+    /// First reconnect delay; doubles up to --xds-backoff-max.
     #[arg(
         long,
-        env = "FLOODGATE_XDS_BACKOFF_INITIAL_MS",
-        value_name = "MS",
-        default_value_t = DEFAULT_XDS_BACKOFF_INITIAL_MS,
-        value_parser = clap::value_parser!(u64).range(1..)
+        env = "FLOODGATE_XDS_BACKOFF_INITIAL",
+        value_name = "DURATION",
+        default_value = DEFAULT_XDS_BACKOFF_INITIAL,
+        value_parser = duration::parse_positive
     )]
-    pub xds_backoff_initial_ms: u64,
-    /// Longest reconnect delay, in milliseconds.
-    #[arg(long, env = "FLOODGATE_XDS_BACKOFF_MAX_MS", value_name = "MS", default_value_t = DEFAULT_XDS_BACKOFF_MAX_MS)]
-    pub xds_backoff_max_ms: u64,
+    pub xds_backoff_initial: GoDuration,
+    /// The old spelling of --xds-backoff-initial, in whole milliseconds.
+    #[arg(long, env = "FLOODGATE_XDS_BACKOFF_INITIAL_MS", value_name = "MS", hide = true,
+          conflicts_with = "xds_backoff_initial", value_parser = clap::value_parser!(u64).range(1..))]
+    pub xds_backoff_initial_ms: Option<u64>,
+    /// Longest reconnect delay.
+    #[arg(long, env = "FLOODGATE_XDS_BACKOFF_MAX", value_name = "DURATION", default_value = DEFAULT_XDS_BACKOFF_MAX)]
+    pub xds_backoff_max: GoDuration,
+    /// The old spelling of --xds-backoff-max, in whole milliseconds.
+    #[arg(
+        long,
+        env = "FLOODGATE_XDS_BACKOFF_MAX_MS",
+        value_name = "MS",
+        hide = true,
+        conflicts_with = "xds_backoff_max"
+    )]
+    pub xds_backoff_max_ms: Option<u64>,
     /// Spread of each reconnect delay, 0 (none) to 1.
     #[arg(long, env = "FLOODGATE_XDS_BACKOFF_JITTER", value_name = "FACTOR", default_value_t = DEFAULT_XDS_BACKOFF_JITTER)]
     pub xds_backoff_jitter: f64,
@@ -123,8 +136,11 @@ impl XdsArgs {
             stall_timeout: xds::DEFAULT_STALL_TIMEOUT,
             max_message_bytes: self.xds_max_message_bytes,
             backoff: Backoff {
-                initial: Duration::from_millis(self.xds_backoff_initial_ms),
-                max: Duration::from_millis(self.xds_backoff_max_ms),
+                initial: duration::or_legacy_millis(
+                    self.xds_backoff_initial,
+                    self.xds_backoff_initial_ms,
+                ),
+                max: duration::or_legacy_millis(self.xds_backoff_max, self.xds_backoff_max_ms),
                 jitter: self.xds_backoff_jitter,
             },
         };

@@ -271,3 +271,38 @@ fn serve_runs_on_small_pages_unless_mimalloc_is_told_otherwise() {
     let told = common::Binary::start(&[], &[("MIMALLOC_ALLOW_THP", "1")]);
     assert!(huge_pages_allowed(told.child.id()));
 }
+
+/// Every flag of every subcommand, as `--help` shows it (the same command definition
+/// renders the help): durations take one grammar (Go's), so no visible flag is named in
+/// milliseconds (`-ms`; the old names are hidden aliases), and every flag that takes a value
+/// names it, instead of clap's default, the flag's id in capitals (`<RLQS_NO_ASSIGNMENT>`).
+#[test]
+fn help_shows_one_duration_grammar_and_a_value_name_for_every_flag() {
+    use clap::CommandFactory;
+    let root = floodgate::cli::Cli::command();
+    let mut commands = vec![&root];
+    commands.extend(root.get_subcommands());
+    let mut problems = Vec::new();
+    let mut flags = 0;
+    for command in commands {
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set()) {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            flags += 1;
+            let name = format!("{} --{long}", command.get_name());
+            if long.ends_with("-ms") || long.contains("-ms-") {
+                problems.push(format!("{name}: named in milliseconds"));
+            }
+            if arg.get_action().takes_values() && arg.get_value_names().is_none() {
+                problems.push(format!("{name}: no value name"));
+            }
+        }
+    }
+    assert!(flags > 100, "only {flags} flags");
+    assert!(problems.is_empty(), "{problems:#?}");
+    // And the help itself shows the durations as such.
+    let help = text(&floodgate(&["serve", "--help"]).stdout);
+    assert!(help.contains("--backend-timeout <DURATION>"), "{help}");
+    assert!(!help.contains("-ms "), "{help}");
+}

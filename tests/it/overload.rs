@@ -118,7 +118,7 @@ async fn calls_within_their_deadline_are_served_and_shedding_can_be_turned_off()
 /// is not reason enough: the call is served, see `overload::standing`.)
 #[tokio::test]
 async fn a_call_that_waited_unread_in_the_kernel_is_shed_by_that_wait() {
-    let server = Binary::start(&["--config", "config", "--health-grace-ms", "0"], &[]);
+    let server = Binary::start(&["--config", "config", "--health-grace", "0"], &[]);
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
         .unwrap()
         .connect()

@@ -14,7 +14,7 @@ use tonic_health::pb::health_client::HealthClient;
 #[tokio::test]
 async fn sigterm_flips_health_drains_and_exits_zero() {
     // A 1 s pause between NOT_SERVING and closing the listeners makes the flip observable.
-    let mut server = Binary::start(&["--config", "config", "--health-grace-ms", "1000"], &[]);
+    let mut server = Binary::start(&["--config", "config", "--health-grace", "1s"], &[]);
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
         .unwrap()
         .connect()
@@ -68,7 +68,7 @@ async fn sigterm_flips_health_drains_and_exits_zero() {
 
 #[tokio::test]
 async fn sigint_also_exits_zero() {
-    let mut server = Binary::start(&["--config", "config", "--health-grace-ms", "0"], &[]);
+    let mut server = Binary::start(&["--config", "config", "--health-grace", "0"], &[]);
     server.signal("INT");
     assert_eq!(server.wait_exit(Duration::from_secs(15)).await, Some(0));
     let log = server.log.lock().unwrap().join("\n");

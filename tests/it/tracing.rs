@@ -263,7 +263,7 @@ async fn http_collector_gets_what_was_queued_at_sigterm() {
             &endpoint,
             "--tracing-service-name",
             "edge-limits",
-            "--health-grace-ms",
+            "--health-grace",
             "0",
         ],
         &[("OTEL_BSP_SCHEDULE_DELAY", "600000")],
@@ -317,7 +317,7 @@ async fn with_tracing_off_nothing_is_sent() {
         &[
             "--config",
             dir.path().to_str().unwrap(),
-            "--health-grace-ms",
+            "--health-grace",
             "0",
         ],
         &[

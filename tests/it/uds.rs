@@ -137,7 +137,7 @@ async fn the_reference_grpc_uds_variable_moves_grpc_to_the_socket() {
     let mut server = Binary::start_with_env_only(&[
         ("FLOODGATE_CONFIG", config.path().to_str().unwrap()),
         ("FLOODGATE_HTTP_ADDR", "127.0.0.1:0"),
-        ("FLOODGATE_HEALTH_GRACE_MS", "0"),
+        ("FLOODGATE_HEALTH_GRACE", "0"),
         ("GRPC_UDS", &socket_text),
     ]);
     assert_eq!(server.grpc_endpoint, format!("unix:{socket_text}"));

@@ -3,7 +3,7 @@
 # redis-cluster (3 masters) backends starts redis-server / the cluster / floodgate on free
 # 127.0.0.1 ports and drives `floodgate bench` at 16, 64 and 512 calls in flight, 1, 10,000
 # and 1,000,000 keys, 1 and 5 descriptors per request; writes BENCHMARKS.md (and
-# BENCHMARKS.jsonl). See the README's Benchmarks section.
+# BENCHMARKS.jsonl). See docs/development.md#the-bench-report.
 #
 #   scripts/bench-report.sh [--quick] [--seconds N] [--out FILE] [--backends memory,redis,...]
 #

@@ -5,6 +5,10 @@ For README.md and every docs/*.md: each relative link must name a file or direct
 exists, and each `#anchor` (in the same file or in another Markdown file) must name a heading
 there, with GitHub's anchors: lowercase, punctuation dropped except '-' and '_', spaces to
 '-', and '-1', '-2'... for repeated headings. README.md must stay under 300 lines.
+
+The code points at the docs too: in src/ and scripts/, every `docs/<page>.md[#anchor]` must
+resolve the same way, and a pointer at a README section ("the README's <name> section",
+"see README, <name>") must name a heading the README has.
 Exit 0 when everything resolves, 1 with one line per problem otherwise. Standard library only.
 """
 
@@ -106,6 +110,47 @@ def check_link(source, number, target):
     return None
 
 
+CODE_DIRS = ("src", "scripts")
+CODE_SUFFIXES = (".rs", ".py", ".sh", ".html", ".js")
+DOC_POINTER = re.compile(r"\bdocs/([A-Za-z0-9_-]+\.md)(#[A-Za-z0-9_-]*[A-Za-z0-9_])?")
+README_POINTER = re.compile(
+    r"README(?:'s|\.md's)?,?\s+(?:the\s+)?([A-Z][\w -]*?)\s+section|see README,\s+([A-Z][\w -]*?)\)",
+    re.IGNORECASE,
+)
+
+
+def code_files():
+    for top in CODE_DIRS:
+        for folder, dirs, names in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", "node_modules")]
+            for name in sorted(names):
+                if name.endswith(CODE_SUFFIXES):
+                    yield os.path.join(folder, name)
+
+
+def check_code(path):
+    """Messages for pointers from code to docs that resolve nowhere."""
+    problems = []
+    readme = os.path.join(ROOT, "README.md")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    joined = re.sub(r"\s*\n\s*(?://[/!]?|#|\*)?\s*", " ", text)
+    for number, line in enumerate(text.split("\n"), 1):
+        for page, anchor in DOC_POINTER.findall(line):
+            message = check_link(os.path.join(ROOT, "docs", "x.md"), number, page + anchor)
+            if message:
+                where = f"{os.path.relpath(path, ROOT)}:{number}"
+                problems.append(where + message.split(":", 2)[2])
+    for match in README_POINTER.finditer(joined):
+        section = (match.group(1) or match.group(2)).strip()
+        if slug(section) not in anchors(readme):
+            problems.append(
+                f"{os.path.relpath(path, ROOT)}: points at the README's '{section}' section, "
+                "which the README does not have"
+            )
+    return problems
+
+
 def main():
     docs = os.path.join(ROOT, "docs")
     files = [os.path.join(ROOT, "README.md")] + sorted(
@@ -117,6 +162,9 @@ def main():
             message = check_link(path, number, target)
             if message:
                 problems.append(message)
+    code = list(code_files())
+    for path in code:
+        problems.extend(check_code(path))
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         count = len(f.read().splitlines())
     if count >= README_MAX_LINES:
@@ -129,7 +177,10 @@ def main():
     if problems:
         print(f"docs check: {len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print(f"docs check: {len(files)} files, every link and anchor resolves; README.md {count} lines")
+    print(
+        f"docs check: {len(files)} files and {len(code)} source files, every link, anchor and "
+        f"pointer resolves; README.md {count} lines"
+    )
     return 0
 
 

@@ -6,8 +6,8 @@
 # restart a floodgate replica, burst 2,048 calls in flight (20 ms deadline) at every replica
 # for 30 s, SIGSTOP every Redis node for 10 s. Writes a Markdown report
 # (default SOAK.md): per phase decisions, OK / OVER_LIMIT / errors, which buckets erred and
-# why, p50/p99, over-admission per bucket and window, RSS, crashes. See the README's
-# Reliability section.
+# why, p50/p99, over-admission per bucket and window, RSS, crashes. See
+# docs/reliability.md#the-chaos-soak.
 #
 #   scripts/soak.sh [--scale 0.2] [--out FILE]
 #

@@ -1,4 +1,4 @@
-"""The benchmark report behind scripts/bench-report.sh: see the README's Benchmarks section.
+"""The benchmark report behind scripts/bench-report.sh: see docs/development.md#the-bench-report.
 
 For each backend (memory, redis, redis-cluster of 3 masters) it starts a floodgate, then for
 every (calls in flight, keys, descriptors per request) runs `floodgate bench` for a fixed

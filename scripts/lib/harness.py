@@ -211,7 +211,7 @@ class RedisNode:
         if cluster:
             self.args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                           "--cluster-node-timeout", "2000",
-                          # A failed shard must not stop the others (see README, Reliability).
+                          # A failed shard must not stop the others (docs/reliability.md#the-chaos-soak).
                           "--cluster-require-full-coverage", "no"]
         self.proc = None
         self.start()

@@ -1,4 +1,4 @@
-"""The chaos soak behind scripts/soak.sh: see the README's Reliability section.
+"""The chaos soak behind scripts/soak.sh: see docs/reliability.md#the-chaos-soak.
 
 A 3-master + 3-replica Redis Cluster and 3 floodgate replicas (backend redis-cluster,
 --failure-mode error) take steady open-loop load from one `floodgate bench` per replica on

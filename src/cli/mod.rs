@@ -159,7 +159,7 @@ pub enum Command {
         dir: PathBuf,
     },
     /// Load a running floodgate (loopback only) and print a JSON summary: decisions/s,
-    /// outcomes, latency percentiles. See the README's Benchmarks section.
+    /// outcomes, latency percentiles (docs/development.md#floodgate-bench).
     Bench(crate::bench::BenchArgs),
 }
 
@@ -385,7 +385,7 @@ pub struct ServeArgs {
     /// forever.
     #[arg(long, env = "FLOODGATE_GRPC_FIRST_CALL_TIMEOUT", value_name = "DURATION", default_value = DEFAULT_GRPC_FIRST_CALL_TIMEOUT)]
     pub grpc_first_call_timeout: GoDuration,
-    /// Overload shedding (see README, Overload): calls that cannot be answered before their
+    /// Overload shedding (docs/overload.md): calls that cannot be answered before their
     /// deadline are answered at once by the failure mode; calls without a deadline are shed
     /// once they meet a queue standing above this latency. 0 turns all shedding off.
     #[arg(long, env = "FLOODGATE_OVERLOAD_TARGET_LATENCY", value_name = "DURATION", default_value = DEFAULT_OVERLOAD_TARGET_LATENCY)]

@@ -19,8 +19,8 @@
 //! - `admin`: admin HTTP (`/healthcheck`, `/livez`, `/json`, `/metrics`, `/rlconfig`).
 //! - `rlqs`: gRPC RateLimitQuotaService (RLQS): usage reports booked into the limiter's
 //!   buckets, quota assignments pushed back.
-//! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status mapping.
-//! - `dynamic_metadata`: the dynamic metadata of an answer (`--response-dynamic-metadata`).
+//! - `service`: gRPC RateLimitService; protobuf <-> engine types; the error -> status
+//!   mapping; the dynamic metadata of an answer (`--response-dynamic-metadata`).
 //! - `headers`: `RateLimit-*` response headers.
 //! - `health`: the readiness latch behind gRPC health and `/healthcheck`.
 //! - `limiter`: evaluates one request: matcher + backend -> statuses and overall code.
@@ -51,7 +51,6 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod duration;
-pub mod dynamic_metadata;
 pub mod headers;
 pub mod health;
 pub mod limiter;

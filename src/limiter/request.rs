@@ -1,6 +1,6 @@
 //! Protocol-free request and response of one rate-limit decision.
 //!
-//! `service.rs` translates Envoy's protobufs to and from these; the engine never sees
+//! `service` translates Envoy's protobufs to and from these; the engine never sees
 //! protocol types.
 
 use std::sync::Arc;

@@ -138,3 +138,43 @@ fn only_the_limiter_reaches_the_backend() {
         reaching.join("\n")
     );
 }
+
+/// Nothing below `service` on the module map knows the wire: `crate::proto` (Envoy's
+/// generated types) is used only by `service` and the modules above it, which translate.
+#[test]
+fn nothing_below_service_uses_the_protocol_types() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let map = map(&lib);
+    let service = map
+        .iter()
+        .position(|name| name == "service")
+        .expect("service on the map");
+    let below: Vec<&String> = map[service + 1..]
+        .iter()
+        .filter(|name| *name != "proto")
+        .collect();
+    let mut paths = Vec::new();
+    files(&src, &mut paths);
+    let mut knowing = Vec::new();
+    for path in paths {
+        let relative = path.strip_prefix(&src).expect("under src");
+        let top = relative.components().next().expect("a component");
+        let top = top
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        if !below.iter().any(|name| **name == top) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        if uses(&text).iter().any(|used| used == "proto") {
+            knowing.push(relative.display().to_string());
+        }
+    }
+    assert!(
+        knowing.is_empty(),
+        "below `service`, yet using crate::proto: {knowing:?}"
+    );
+}

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::rule_set::{Ranking, RuleSet};
 use super::{Hits, Request, always_over};
-use crate::backend::{Backend, BucketKey, Charge, Group, Outcome};
+use crate::backend::{Backend, BucketKey, Charge, Group, Item, Outcome, Weight};
 use crate::matcher::Matcher;
 use crate::metrics::{CandidateCounters, Metrics};
 use crate::rules::{Limit, Policy};
@@ -46,7 +46,7 @@ impl CandidateSet {
         if !self.rules.matcher.has_domain(domain) {
             return Vec::new();
         }
-        let mut trials = Vec::new();
+        let mut trials = Vec::with_capacity(request.descriptors.len());
         for (descriptor, entries) in request.descriptors.iter().enumerate() {
             let Some(matched) = self.rules.matcher.lookup(domain, &entries.entries) else {
                 continue;
@@ -67,58 +67,7 @@ impl CandidateSet {
         }
         trials
     }
-}
 
-/// One descriptor as a candidate rule sees it.
-pub(super) struct Trial {
-    /// Its place in the request.
-    descriptor: usize,
-    policy: Policy,
-    bucket: BucketKey,
-    cost: u64,
-    rule_id: usize,
-    ranking: Option<Ranking>,
-}
-
-/// Decides `trials` by `work_ends`, each charge on its own; `None` when the backend failed.
-pub(super) async fn decide(
-    backend: &Arc<dyn Backend>,
-    work_ends: Instant,
-    trials: &[Trial],
-) -> Option<Vec<Outcome>> {
-    // A candidate of limit 0 denies without the backend, as a live one does.
-    let charges: Vec<Charge> = trials
-        .iter()
-        .filter(|trial| trial.policy.requests_per_unit > 0)
-        .map(|trial| Charge {
-            bucket: trial.bucket,
-            policy: trial.policy,
-            cost: trial.cost,
-        })
-        .collect();
-    let mut decided = if charges.is_empty() {
-        Vec::new()
-    } else {
-        let group = Group::independent(&charges);
-        match tokio::time::timeout_at(work_ends, backend.decide(&group)).await {
-            Ok(Ok(outcomes)) if outcomes.len() == charges.len() => outcomes,
-            _ => return None,
-        }
-    }
-    .into_iter();
-    trials
-        .iter()
-        .map(|trial| {
-            if trial.policy.requests_per_unit == 0 {
-                Some(always_over(&trial.policy))
-            } else {
-                decided.next()
-            }
-        })
-        .collect()
-}
-
-impl CandidateSet {
     /// Counts what the candidates decided for `request`, whose live answer denied it or not.
     pub(super) fn settle(
         &self,
@@ -148,4 +97,64 @@ impl CandidateSet {
             }
         }
     }
+}
+
+/// One descriptor as a candidate rule sees it.
+pub(super) struct Trial {
+    /// Its place in the request.
+    descriptor: usize,
+    policy: Policy,
+    bucket: BucketKey,
+    cost: u64,
+    rule_id: usize,
+    ranking: Option<Ranking>,
+}
+
+/// Decides `trials` by `work_ends`, each charge on its own; `None` when the backend failed.
+pub(super) async fn decide(
+    backend: &Arc<dyn Backend>,
+    work_ends: Instant,
+    trials: &[Trial],
+) -> Option<Vec<Outcome>> {
+    // A candidate of limit 0 denies without the backend, as a live one does.
+    let charged = |trial: &&Trial| trial.policy.requests_per_unit > 0;
+    let items: Vec<Item> = trials
+        .iter()
+        .filter(charged)
+        .map(|trial| Item {
+            charge: Charge {
+                bucket: trial.bucket,
+                policy: trial.policy,
+                cost: trial.cost,
+            },
+            weight: Weight::default(),
+        })
+        .collect();
+    let wanted = items.len();
+    let decided = if items.is_empty() {
+        Vec::new()
+    } else {
+        let group = Group {
+            items,
+            ..Group::independent(&[])
+        };
+        match tokio::time::timeout_at(work_ends, backend.decide(&group)).await {
+            Ok(Ok(outcomes)) if outcomes.len() == wanted => outcomes,
+            _ => return None,
+        }
+    };
+    if wanted == trials.len() {
+        return Some(decided);
+    }
+    let mut decided = decided.into_iter();
+    trials
+        .iter()
+        .map(|trial| {
+            if charged(&trial) {
+                decided.next()
+            } else {
+                Some(always_over(&trial.policy))
+            }
+        })
+        .collect()
 }

@@ -71,7 +71,11 @@ fn main() -> ExitCode {
             let matches = cli::serve_matches(&matches);
             let applied = compat::apply(&mut args, matches, &ProcessEnvironment)
                 .map_err(|error| error.to_string())
-                .and_then(|report| args.check_plaintext().map(|()| report));
+                .and_then(|report| {
+                    args.check_plaintext()
+                        .map(|()| report)
+                        .map_err(|error| error.to_string())
+                });
             match applied {
                 Ok(report) => serve(&args, &report),
                 Err(error) => {

@@ -98,12 +98,9 @@ impl TracingSettings {
     /// # Errors
     /// A rate outside 0..=1, an endpoint that is not an `http(s)://` URL, or HTTPS with the
     /// HTTP protocol (whose client speaks plain HTTP only).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TracingSettingsError> {
         if !(0.0..=1.0).contains(&self.sampling_rate) {
-            return Err(format!(
-                "--tracing-sampling-rate {} is not between 0 and 1",
-                self.sampling_rate
-            ));
+            return Err(TracingSettingsError::SamplingRate(self.sampling_rate));
         }
         if let Some(endpoint) = &self.endpoint {
             check_endpoint("--otlp-endpoint", endpoint, self.protocol)?;
@@ -126,12 +123,44 @@ impl TracingSettings {
     }
 }
 
+/// Why tracing settings cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TracingSettingsError {
+    /// The sampling rate is outside 0..=1.
+    #[error("--tracing-sampling-rate {0} is not between 0 and 1")]
+    SamplingRate(f64),
+    /// An endpoint that is not an `http(s)://` URL; `source` names the flag or variable.
+    #[error("{origin} `{endpoint}` is not an http:// or https:// URL")]
+    NotHttp {
+        /// Where the endpoint came from.
+        origin: String,
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// HTTPS over the HTTP protocol, whose client speaks plain HTTP only.
+    #[error(
+        "{origin} `{endpoint}`: OTLP over HTTPS needs --otlp-protocol grpc (the HTTP \
+         exporter speaks plain HTTP)"
+    )]
+    HttpsOverHttp {
+        /// Where the endpoint came from.
+        origin: String,
+        /// The endpoint.
+        endpoint: String,
+    },
+}
+
 /// Checks a flag's endpoint: an `http(s)://` URL the protocol can reach.
-fn check_endpoint(source: &str, endpoint: &str, protocol: OtlpProtocol) -> Result<(), String> {
+fn check_endpoint(
+    source: &str,
+    endpoint: &str,
+    protocol: OtlpProtocol,
+) -> Result<(), TracingSettingsError> {
     if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-        return Err(format!(
-            "{source} `{endpoint}` is not an http:// or https:// URL"
-        ));
+        return Err(TracingSettingsError::NotHttp {
+            origin: source.to_owned(),
+            endpoint: endpoint.to_owned(),
+        });
     }
     check_reachable(source, endpoint, protocol)
 }
@@ -139,12 +168,16 @@ fn check_endpoint(source: &str, endpoint: &str, protocol: OtlpProtocol) -> Resul
 /// Rejects HTTPS over the HTTP protocol, whose client speaks plain HTTP only. Anything else
 /// in a standard variable is the exporter's to judge (it applies `INSECURE` to an endpoint
 /// without a scheme, for instance).
-fn check_reachable(source: &str, endpoint: &str, protocol: OtlpProtocol) -> Result<(), String> {
+fn check_reachable(
+    source: &str,
+    endpoint: &str,
+    protocol: OtlpProtocol,
+) -> Result<(), TracingSettingsError> {
     if protocol == OtlpProtocol::Http && endpoint.starts_with("https://") {
-        return Err(format!(
-            "{source} `{endpoint}`: OTLP over HTTPS needs --otlp-protocol grpc (the HTTP \
-             exporter speaks plain HTTP)"
-        ));
+        return Err(TracingSettingsError::HttpsOverHttp {
+            origin: source.to_owned(),
+            endpoint: endpoint.to_owned(),
+        });
     }
     Ok(())
 }
@@ -173,12 +206,14 @@ impl Tracing {
     /// Invalid settings, or a standard variable the exporter rejects (e.g. an endpoint that
     /// is not a URL, or a compression floodgate is not built with).
     pub fn start(settings: &TracingSettings) -> Result<Tracing, TracingError> {
-        settings.check().map_err(TracingError)?;
+        settings
+            .check()
+            .map_err(|error| TracingError(error.to_string()))?;
         if settings.endpoint.is_none() {
             for variable in ENDPOINT_VARIABLES {
                 if let Some(endpoint) = std::env::var(variable).ok().filter(|v| !v.is_empty()) {
                     check_reachable(variable, &endpoint, settings.protocol)
-                        .map_err(TracingError)?;
+                        .map_err(|error| TracingError(error.to_string()))?;
                     break;
                 }
             }

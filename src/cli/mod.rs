@@ -24,6 +24,7 @@ use crate::tls::{self, TlsFiles};
 
 mod choices;
 use crate::duration;
+mod error;
 mod plaintext;
 mod rlqs_args;
 mod statsd_args;
@@ -34,6 +35,7 @@ mod xds_args;
 pub use crate::duration::GoDuration;
 pub use crate::redact::SecretText;
 pub use choices::{FailureMode, LogFormat, OnOverLimit, RedisScripting, ResponseHeaders};
+pub use error::FlagError;
 pub use rlqs_args::RlqsArgs;
 pub use statsd_args::StatsdArgs;
 pub use topology_args::TopologyArgs;
@@ -434,7 +436,7 @@ impl ServeArgs {
     ///
     /// # Errors
     /// The first invalid setting, with URLs redacted.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FlagError> {
         self.main_backend().check()?;
         self.topology.check_per_second()
     }
@@ -460,23 +462,25 @@ impl ServeArgs {
     ///
     /// # Errors
     /// Every such pair, one per line.
-    pub fn check_plaintext(&self) -> Result<(), String> {
+    pub fn check_plaintext(&self) -> Result<(), FlagError> {
         let conflicts = plaintext::conflicts(self);
         if conflicts.is_empty() {
             return Ok(());
         }
-        Err(conflicts.join("\n"))
+        Err(FlagError::Plaintext(conflicts))
     }
 
     /// The server settings these flags describe; reads the Redis CA file if one is named.
     ///
     /// # Errors
     /// The CA file cannot be read.
-    pub fn settings(&self) -> Result<Settings, String> {
+    pub fn settings(&self) -> Result<Settings, FlagError> {
         let timeout = duration::or_legacy_millis(self.backend_timeout, self.backend_timeout_ms);
         let tls_ca_pem = match &self.redis_ca_file {
-            Some(path) => Some(std::fs::read(path).map_err(|error| {
-                format!("cannot read --redis-ca-file {}: {error}", path.display())
+            Some(path) => Some(std::fs::read(path).map_err(|source| FlagError::Unreadable {
+                flag: "--redis-ca-file",
+                path: path.clone(),
+                source,
             })?),
             None => None,
         };
@@ -547,21 +551,25 @@ impl ServeArgs {
     }
 
     /// The gRPC TLS files, when TLS is asked for; the files are read by the server.
-    fn grpc_tls(&self) -> Result<Option<TlsFiles>, String> {
+    fn grpc_tls(&self) -> Result<Option<TlsFiles>, FlagError> {
         let (cert, key) = match (&self.grpc_tls_cert, &self.grpc_tls_key) {
             (Some(cert), Some(key)) => (cert.clone(), key.clone()),
             (None, None) => {
                 if self.grpc_tls_client_ca.is_some() || self.grpc_tls_client_san.is_some() {
-                    return Err("--grpc-tls-client-ca and --grpc-tls-client-san need \
-                                --grpc-tls-cert and --grpc-tls-key"
-                        .to_owned());
+                    return Err(FlagError::Needs {
+                        flag: "--grpc-tls-client-ca and --grpc-tls-client-san".to_owned(),
+                        needs: "--grpc-tls-cert and --grpc-tls-key".to_owned(),
+                    });
                 }
                 return Ok(None);
             }
-            _ => return Err("--grpc-tls-cert and --grpc-tls-key go together".to_owned()),
+            _ => return Err(FlagError::Together("--grpc-tls-cert", "--grpc-tls-key")),
         };
         if self.grpc_tls_client_san.is_some() && self.grpc_tls_client_ca.is_none() {
-            return Err("--grpc-tls-client-san needs --grpc-tls-client-ca".to_owned());
+            return Err(FlagError::Needs {
+                flag: "--grpc-tls-client-san".to_owned(),
+                needs: "--grpc-tls-client-ca".to_owned(),
+            });
         }
         Ok(Some(TlsFiles {
             cert,
@@ -588,22 +596,22 @@ impl ServeArgs {
 
     /// The Redis client certificate and key, read and checked now so that a bad file fails
     /// startup with a message that names the path and never the contents.
-    fn redis_client_identity(&self) -> Result<Option<ClientIdentity>, String> {
+    fn redis_client_identity(&self) -> Result<Option<ClientIdentity>, FlagError> {
         let (cert_path, key_path) = match (&self.redis_tls_client_cert, &self.redis_tls_client_key)
         {
             (Some(cert), Some(key)) => (cert, key),
             (None, None) => return Ok(None),
             _ => {
-                return Err(
-                    "--redis-tls-client-cert and --redis-tls-client-key go together".to_owned(),
-                );
+                return Err(FlagError::Together(
+                    "--redis-tls-client-cert",
+                    "--redis-tls-client-key",
+                ));
             }
         };
-        let cert =
-            tls::read_file("--redis-tls-client-cert", cert_path).map_err(|e| e.to_string())?;
-        let key = tls::read_file("--redis-tls-client-key", key_path).map_err(|e| e.to_string())?;
-        tls::parse_certs("--redis-tls-client-cert", &cert).map_err(|e| e.to_string())?;
-        tls::parse_key("--redis-tls-client-key", &key).map_err(|e| e.to_string())?;
+        let cert = tls::read_file("--redis-tls-client-cert", cert_path)?;
+        let key = tls::read_file("--redis-tls-client-key", key_path)?;
+        tls::parse_certs("--redis-tls-client-cert", &cert)?;
+        tls::parse_key("--redis-tls-client-key", &key)?;
         Ok(Some(ClientIdentity { cert, key }))
     }
 }
@@ -648,16 +656,15 @@ impl RedisUrl {
     ///
     /// # Errors
     /// A message showing the URL redacted.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FlagError> {
         const SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
         if SCHEMES.iter().any(|scheme| self.0.starts_with(scheme)) {
             return Ok(());
         }
-        Err(format!(
-            "`{}` is not a Redis URL: expected one of {}",
-            self.redacted(),
-            SCHEMES.join(", ")
-        ))
+        Err(FlagError::NotRedisUrl {
+            url: self.redacted(),
+            schemes: SCHEMES.join(", "),
+        })
     }
 }
 

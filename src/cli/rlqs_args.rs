@@ -1,5 +1,6 @@
 //! The flags of the quota service (RLQS, docs/rlqs.md).
 
+use super::FlagError;
 use clap::Args;
 
 use super::GoDuration;
@@ -35,10 +36,13 @@ impl RlqsArgs {
     ///
     /// # Errors
     /// An abandon time of zero or over a day.
-    pub fn settings(&self) -> Result<RlqsSettings, String> {
+    pub fn settings(&self) -> Result<RlqsSettings, FlagError> {
         let abandon = self.rlqs_abandon_after.0;
         if abandon.is_zero() || abandon > MAX_ABANDON_AFTER {
-            return Err("--rlqs-abandon-after must be more than 0 and at most 24h".to_owned());
+            return Err(FlagError::OutOfRange {
+                flag: "--rlqs-abandon-after",
+                expected: "more than 0 and at most 24h",
+            });
         }
         Ok(RlqsSettings {
             max_buckets: self.rlqs_max_buckets,

@@ -1,6 +1,7 @@
 //! The flags of the StatsD sink (docs/operations.md#statsd): off unless `--statsd-addr`
 //! names a server (or the reference's `USE_STATSD` / `USE_DOG_STATSD` ask for one).
 
+use super::FlagError;
 use clap::Args;
 
 use super::GoDuration;
@@ -43,7 +44,7 @@ impl StatsdArgs {
     ///
     /// # Errors
     /// An address that is not `host:port`, or a zero flush interval.
-    pub fn settings(&self) -> Result<Option<StatsdSettings>, String> {
+    pub fn settings(&self) -> Result<Option<StatsdSettings>, FlagError> {
         let Some(addr) = self.statsd_addr.as_deref().map(str::trim) else {
             return Ok(None);
         };
@@ -52,12 +53,16 @@ impl StatsdArgs {
         }
         let port = addr.rsplit_once(':').filter(|(host, _)| !host.is_empty());
         if !port.is_some_and(|(_, port)| port.parse::<u16>().is_ok_and(|port| port != 0)) {
-            return Err(format!(
-                "--statsd-addr `{addr}` is not HOST:PORT (e.g. localhost:8125, [::1]:8125)"
-            ));
+            return Err(FlagError::NotHostPort {
+                flag: "--statsd-addr",
+                value: addr.to_owned(),
+            });
         }
         if self.statsd_flush_interval.0.is_zero() {
-            return Err("--statsd-flush-interval must be longer than 0".to_owned());
+            return Err(FlagError::OutOfRange {
+                flag: "--statsd-flush-interval",
+                expected: "longer than 0",
+            });
         }
         Ok(Some(StatsdSettings {
             addr: addr.to_owned(),

@@ -1,6 +1,7 @@
 //! The flags of Redis Sentinel and of a second backend for per-second rules
 //! (docs/backends.md#redis-sentinel, docs/backends.md#per-second-backend).
 
+use super::FlagError;
 use clap::Args;
 
 use super::{BackendKind, RedisUrl};
@@ -84,25 +85,24 @@ pub(super) struct BackendFlags<'a> {
 impl BackendFlags<'_> {
     /// Checks what clap cannot: URL schemes, and the Sentinel flags only with a one-node
     /// Redis backend.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FlagError> {
         self.urls.iter().try_for_each(RedisUrl::check)?;
         let [backend, url, master, auth] = self.names;
         if self.sentinel_master.is_some() && self.kind != BackendKind::Redis {
-            return Err(format!("{master} needs `{backend} redis`"));
+            return Err(FlagError::Needs {
+                flag: master.to_owned(),
+                needs: format!("`{backend} redis`"),
+            });
         }
         if self.master_auth.is_some() && self.sentinel_master.is_none() {
-            return Err(format!(
-                "{auth} needs {master}; for one node, credentials go in {url}"
-            ));
+            return Err(FlagError::AuthWithoutSentinel { auth, master, url });
         }
         if self.sentinel_master.is_some()
             && self.urls.iter().any(|u| {
                 !u.as_str().starts_with("redis://") && !u.as_str().starts_with("rediss://")
             })
         {
-            return Err(format!(
-                "with {master}, {url} lists sentinels: `redis://` or `rediss://` URLs"
-            ));
+            return Err(FlagError::SentinelScheme { master, url });
         }
         Ok(())
     }
@@ -155,11 +155,14 @@ impl TopologyArgs {
     }
 
     /// Checks the per-second flags that only make sense with --per-second-backend.
-    pub(super) fn check_per_second(&self) -> Result<(), String> {
+    pub(super) fn check_per_second(&self) -> Result<(), FlagError> {
         match self.per_second() {
             Some(flags) => {
                 if flags.kind != BackendKind::Memory && flags.urls.is_empty() {
-                    return Err("--per-second-backend needs --per-second-redis-url".to_owned());
+                    return Err(FlagError::Needs {
+                        flag: "--per-second-backend".to_owned(),
+                        needs: "--per-second-redis-url".to_owned(),
+                    });
                 }
                 flags.check()
             }
@@ -179,7 +182,10 @@ impl TopologyArgs {
                     ),
                 ];
                 match set.iter().find(|(given, _)| *given) {
-                    Some((_, flag)) => Err(format!("{flag} needs --per-second-backend")),
+                    Some((_, flag)) => Err(FlagError::Needs {
+                        flag: (*flag).to_owned(),
+                        needs: "--per-second-backend".to_owned(),
+                    }),
                     None => Ok(()),
                 }
             }

@@ -1,6 +1,7 @@
 //! The flags of OpenTelemetry tracing over OTLP (docs/operations.md#tracing): off unless
 //! `--otlp-endpoint` names a collector (or the reference's `TRACING_ENABLED` asks for it).
 
+use super::FlagError;
 use clap::Args;
 
 use crate::otel::{DEFAULT_SERVICE_NAME, OtlpProtocol, TracingSettings};
@@ -53,7 +54,7 @@ impl TracingArgs {
     ///
     /// # Errors
     /// A setting [`TracingSettings::check`] rejects.
-    pub fn settings(&self) -> Result<Option<TracingSettings>, String> {
+    pub fn settings(&self) -> Result<Option<TracingSettings>, FlagError> {
         let endpoint = self
             .otlp_endpoint
             .clone()

@@ -1,6 +1,7 @@
 //! The flags of the xDS rule source and of serving before rules arrive
 //! (docs/operations.md#security-and-config-sources).
 
+use super::FlagError;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
@@ -104,7 +105,7 @@ impl XdsArgs {
     ///
     /// # Errors
     /// xDS without a server, or a setting [`XdsSettings::check`] rejects.
-    pub fn settings(&self) -> Result<Option<XdsSettings>, String> {
+    pub fn settings(&self) -> Result<Option<XdsSettings>, FlagError> {
         if self.config_source == ConfigSource::File {
             return Ok(None);
         }
@@ -112,7 +113,10 @@ impl XdsArgs {
             .xds_server
             .clone()
             .filter(|server| !server.is_empty())
-            .ok_or("--config-source xds needs --xds-server")?;
+            .ok_or_else(|| FlagError::Needs {
+                flag: "--config-source xds".to_owned(),
+                needs: "--xds-server".to_owned(),
+            })?;
         // An https:// URL asks for TLS as --xds-tls does (tonic would not add it itself).
         let tls_on = self.xds_tls || server.starts_with("https://");
         let tls = tls_on.then(|| XdsTls {

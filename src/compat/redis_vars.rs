@@ -287,7 +287,8 @@ impl Mapper<'_> {
                 None => url,
             };
             let url = RedisUrl::from(url);
-            url.check().map_err(|message| invalid(vars.url, message))?;
+            url.check()
+                .map_err(|error| invalid(vars.url, error.to_string()))?;
             urls.push(url);
         }
         if urls.is_empty() {

@@ -27,23 +27,34 @@ impl Default for Backoff {
     }
 }
 
+/// Why a reconnect schedule cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackoffError {
+    /// The first delay is zero.
+    #[error("the initial xDS backoff must be above 0")]
+    ZeroInitial,
+    /// The longest delay is below the first.
+    #[error("the maximum xDS backoff must not be below the initial one")]
+    MaxBelowInitial,
+    /// The jitter is outside 0..=1.
+    #[error("the xDS backoff jitter must be within 0..=1, got {0}")]
+    Jitter(f64),
+}
+
 impl Backoff {
     /// Checks the schedule makes sense.
     ///
     /// # Errors
     /// A zero initial delay, a max below it, or a jitter outside 0..=1.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BackoffError> {
         if self.initial.is_zero() {
-            return Err("the initial xDS backoff must be above 0".into());
+            return Err(BackoffError::ZeroInitial);
         }
         if self.max < self.initial {
-            return Err("the maximum xDS backoff must not be below the initial one".into());
+            return Err(BackoffError::MaxBelowInitial);
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(format!(
-                "the xDS backoff jitter must be within 0..=1, got {}",
-                self.jitter
-            ));
+            return Err(BackoffError::Jitter(self.jitter));
         }
         Ok(())
     }

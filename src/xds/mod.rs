@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-pub use backoff::Backoff;
+pub use backoff::{Backoff, BackoffError};
 
 use crate::config::{self, ConfigErrors};
 use crate::limiter::Limiter;
@@ -101,26 +101,53 @@ impl fmt::Debug for XdsSettings {
     }
 }
 
+/// Why xDS settings cannot be used; never echoes a header value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum XdsSettingsError {
+    /// The server is not a URL tonic can connect to (shown with credentials masked).
+    #[error("invalid xDS server `{server}`: {reason}")]
+    Server {
+        /// The server, masked.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// A client header name is not a valid gRPC metadata key.
+    #[error("invalid xDS client header name `{0}`")]
+    HeaderName(String),
+    /// A client header value is not valid ASCII metadata (the value is not shown).
+    #[error("the value of xDS client header `{0}` is not valid")]
+    HeaderValue(String),
+    /// A client certificate without its key, or a key without its certificate.
+    #[error("xDS client TLS needs both a certificate and its key, or neither")]
+    TlsPair,
+    /// The reconnect schedule.
+    #[error(transparent)]
+    Backoff(#[from] BackoffError),
+}
+
 impl XdsSettings {
     /// Checks what can be checked before connecting, never echoing a header value.
     ///
     /// # Errors
     /// An unusable server URL, header, TLS file pairing or backoff.
-    pub fn check(&self) -> Result<(), String> {
-        Endpoint::from_shared(self.uri())
-            .map_err(|error| format!("invalid xDS server `{}`: {error}", self.shown_server()))?;
+    pub fn check(&self) -> Result<(), XdsSettingsError> {
+        Endpoint::from_shared(self.uri()).map_err(|error| XdsSettingsError::Server {
+            server: self.shown_server(),
+            reason: error.to_string(),
+        })?;
         for (name, value) in &self.headers {
             AsciiMetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
-                .map_err(|_| format!("invalid xDS client header name `{name}`"))?;
+                .map_err(|_| XdsSettingsError::HeaderName(name.clone()))?;
             AsciiMetadataValue::try_from(value.as_str())
-                .map_err(|_| format!("the value of xDS client header `{name}` is not valid"))?;
+                .map_err(|_| XdsSettingsError::HeaderValue(name.clone()))?;
         }
         if let Some(tls) = &self.tls
             && tls.cert.is_some() != tls.key.is_some()
         {
-            return Err("xDS client TLS needs both a certificate and its key, or neither".into());
+            return Err(XdsSettingsError::TlsPair);
         }
-        self.backoff.check()
+        Ok(self.backoff.check()?)
     }
 
     /// The server as logs show it: credentials in the URL masked.
@@ -488,7 +515,7 @@ mod tests {
         assert!(!shown.contains("pa55word"), "{shown}");
         assert!(shown.contains("cp:18000"), "{shown}");
         xds.server = "http://user:pa55word@[bad".into();
-        let error = xds.check().unwrap_err();
+        let error = xds.check().unwrap_err().to_string();
         assert!(!error.contains("pa55word"), "{error}");
     }
 

@@ -119,25 +119,44 @@ pub fn is_null(kind: &Kind) -> bool {
     matches!(kind, Kind::Scalar { text, plain: true } if is_null_text(text))
 }
 
-/// serde's message for a node of the wrong type where `expected` was wanted.
-pub fn invalid_type(kind: &Kind, expected: &str) -> String {
-    let unexpected = match kind {
-        Kind::Scalar { text, plain } => {
-            let resolved = resolve(text, *plain);
-            return format!(
-                "invalid type: {}, expected {expected}",
-                resolved.unexpected()
-            );
-        }
-        Kind::Seq(_) => Unexpected::Seq,
-        Kind::Map(_) => Unexpected::Map,
-        Kind::Alias(_) => Unexpected::Other("alias"),
+/// Why a leaf does not read as its field's type, in serde's words (so messages read as the
+/// reference's YAML library writes them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeafError {
+    /// A node of another type: `invalid type: a sequence, expected u32`.
+    #[error("invalid type: {found}, expected {expected}")]
+    Type {
+        /// What the node is, as serde names it.
+        found: String,
+        /// What the field wants.
+        expected: &'static str,
+    },
+    /// A key met twice in one `metadata` mapping (serde_yaml's words, by key type).
+    #[error("{0}")]
+    DuplicateEntry(String),
+    /// A value of the right type out of the field's range: `invalid value: ...`.
+    #[error("invalid value: {found}, expected {expected}")]
+    Value {
+        /// The value, as serde names it.
+        found: String,
+        /// What the field wants.
+        expected: &'static str,
+    },
+}
+
+/// serde's error for a node of the wrong type where `expected` was wanted.
+pub fn invalid_type(kind: &Kind, expected: &'static str) -> LeafError {
+    let found = match kind {
+        Kind::Scalar { text, plain } => resolve(text, *plain).unexpected().to_string(),
+        Kind::Seq(_) => Unexpected::Seq.to_string(),
+        Kind::Map(_) => Unexpected::Map.to_string(),
+        Kind::Alias(_) => Unexpected::Other("alias").to_string(),
     };
-    format!("invalid type: {unexpected}, expected {expected}")
+    LeafError::Type { found, expected }
 }
 
 /// A string field: any scalar's text.
-pub fn text(kind: &Kind) -> Result<String, String> {
+pub fn text(kind: &Kind) -> Result<String, LeafError> {
     match kind {
         Kind::Scalar { text, .. } => Ok(text.clone()),
         _ => Err(invalid_type(kind, "a string")),
@@ -145,13 +164,15 @@ pub fn text(kind: &Kind) -> Result<String, String> {
 }
 
 /// A `u32` field.
-pub fn count(kind: &Kind) -> Result<u32, String> {
+pub fn count(kind: &Kind) -> Result<u32, LeafError> {
     if let Kind::Scalar { text, plain: true } = kind
         && let Some((false, n)) = integer(text)
         && let Ok(n) = u64::try_from(n)
     {
-        return u32::try_from(n)
-            .map_err(|_| format!("invalid value: {}, expected u32", Unexpected::Unsigned(n)));
+        return u32::try_from(n).map_err(|_| LeafError::Value {
+            found: Unexpected::Unsigned(n).to_string(),
+            expected: "u32",
+        });
     }
     Err(invalid_type(kind, "u32"))
 }
@@ -161,7 +182,7 @@ const BOOLEAN: &str = "a boolean (true/false)";
 /// A boolean flag, as the reference's YAML 1.1 parser reads it: `true`/`false` plus the 1.1
 /// spellings (`yes`, `no`, `on`, `off`, `y`, `n` in their usual cases), so reference files
 /// that use them load unchanged; null is false, as there.
-pub fn flag(kind: &Kind) -> Result<bool, String> {
+pub fn flag(kind: &Kind) -> Result<bool, LeafError> {
     let Kind::Scalar { text, plain } = kind else {
         return Err(invalid_type(kind, BOOLEAN));
     };
@@ -174,20 +195,20 @@ pub fn flag(kind: &Kind) -> Result<bool, String> {
         Resolved::Str(
             "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "False" | "FALSE",
         ) => Ok(false),
-        Resolved::Str(other) => Err(format!(
-            "invalid value: {}, expected {BOOLEAN}",
-            Unexpected::Str(other)
-        )),
-        other => Err(format!(
-            "invalid type: {}, expected {BOOLEAN}",
-            other.unexpected()
-        )),
+        Resolved::Str(other) => Err(LeafError::Value {
+            found: Unexpected::Str(other).to_string(),
+            expected: BOOLEAN,
+        }),
+        other => Err(LeafError::Type {
+            found: other.unexpected().to_string(),
+            expected: BOOLEAN,
+        }),
     }
 }
 
 /// A scalar of free-form `metadata` as JSON: a number JSON cannot hold (NaN, infinities)
 /// keeps its YAML spelling as a string.
-pub fn json(text: &str, plain: bool) -> Result<Json, String> {
+pub fn json(text: &str, plain: bool) -> Result<Json, LeafError> {
     Ok(match resolve(text, plain) {
         Resolved::Null => Json::Null,
         Resolved::Bool(flag) => Json::Bool(flag),
@@ -201,10 +222,10 @@ pub fn json(text: &str, plain: bool) -> Result<Json, String> {
         },
         Resolved::Str(text) => Json::String(text.to_owned()),
         wide @ Resolved::Wide(_) => {
-            return Err(format!(
-                "invalid type: {}, expected any YAML value",
-                wide.unexpected()
-            ));
+            return Err(LeafError::Type {
+                found: wide.unexpected().to_string(),
+                expected: "any YAML value",
+            });
         }
     })
 }
@@ -218,14 +239,14 @@ pub fn json_key(key: &Json) -> String {
 }
 
 /// serde_yaml's words for a key met twice in one `metadata` mapping.
-pub fn duplicate_entry(key: &Json) -> String {
-    match key {
+pub fn duplicate_entry(key: &Json) -> LeafError {
+    LeafError::DuplicateEntry(match key {
         Json::Null => "duplicate entry with null key".to_owned(),
         Json::Bool(flag) => format!("duplicate entry with key `{flag}`"),
         Json::Number(n) => format!("duplicate entry with key {n}"),
         Json::String(text) => format!("duplicate entry with key {text:?}"),
         Json::Array(_) | Json::Object(_) => "duplicate entry in YAML map".to_owned(),
-    }
+    })
 }
 
 #[cfg(test)]
@@ -283,7 +304,7 @@ mod tests {
                 "invalid type: sequence, expected u32",
             ),
         ] {
-            assert_eq!(count(&kind).unwrap_err(), message);
+            assert_eq!(count(&kind).unwrap_err().to_string(), message);
         }
     }
 
@@ -295,10 +316,11 @@ mod tests {
         assert!(
             flag(&plain("maybe"))
                 .unwrap_err()
+                .to_string()
                 .contains("expected a boolean")
         );
         assert_eq!(
-            flag(&plain("1")).unwrap_err(),
+            flag(&plain("1")).unwrap_err().to_string(),
             "invalid type: integer `1`, expected a boolean (true/false)"
         );
     }
@@ -308,7 +330,7 @@ mod tests {
         assert_eq!(text(&plain("1.10")).unwrap(), "1.10");
         assert_eq!(text(&plain("200")).unwrap(), "200");
         assert_eq!(
-            text(&Kind::Map(Vec::new())).unwrap_err(),
+            text(&Kind::Map(Vec::new())).unwrap_err().to_string(),
             "invalid type: map, expected a string"
         );
     }
@@ -321,7 +343,7 @@ mod tests {
         assert_eq!(json("007", true), Ok(serde_json::json!("007")));
         assert_eq!(json_key(&serde_json::json!(7)), "7");
         assert_eq!(
-            duplicate_entry(&serde_json::json!("a")),
+            duplicate_entry(&serde_json::json!("a")).to_string(),
             "duplicate entry with key \"a\""
         );
     }

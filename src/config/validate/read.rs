@@ -244,9 +244,9 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn type_error(&mut self, found: &Found, message: String) {
+    fn type_error(&mut self, found: &Found, error: leaf::LeafError) {
         if found.scope.structure {
-            self.limit_error(found, message);
+            self.limit_error(found, error.to_string());
         }
     }
 
@@ -436,7 +436,7 @@ impl<'a> Reader<'a> {
         map: &mut Map,
         field: &'static str,
         reading: Reading,
-        read: fn(&Kind) -> Result<T, String>,
+        read: fn(&Kind) -> Result<T, leaf::LeafError>,
     ) -> Field<T> {
         let found = match self.value(map, field, reading) {
             Field::Is(found) => found,

@@ -224,16 +224,13 @@ impl Policy {
     /// Checks that every quantity the algorithm computes stays an exact integer in Lua.
     ///
     /// # Errors
-    /// A sentence naming the bound that the policy breaks.
-    pub fn check_exact_bounds(&self) -> Result<(), String> {
+    /// The quantity that the policy takes past 2^53.
+    pub fn check_exact_bounds(&self) -> Result<(), InexactPolicy> {
         let window = self.window_ms();
         let limit = u64::from(self.requests_per_unit);
-        let bound = |what: &str, value: Option<u64>| match value {
+        let bound = |quantity: &'static str, value: Option<u64>| match value {
             Some(v) if v <= MAX_EXACT_INTEGER => Ok(()),
-            _ => Err(format!(
-                "{what} exceeds 2^53, the largest value the Lua scripts compute exactly; \
-                 use a shorter window or a smaller limit"
-            )),
+            _ => Err(InexactPolicy { quantity }),
         };
         bound("window length in ms", Some(window))?;
         match self.algorithm {
@@ -255,6 +252,17 @@ impl Policy {
             Algorithm::SlidingLog => Ok(()),
         }
     }
+}
+
+/// A policy one of whose quantities the Lua scripts could not compute exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{quantity} exceeds 2^53, the largest value the Lua scripts compute exactly; use a \
+     shorter window or a smaller limit"
+)]
+pub struct InexactPolicy {
+    /// The quantity past the bound, e.g. `window length in ms`.
+    pub quantity: &'static str,
 }
 
 /// Greatest common divisor (Euclid); `gcd(x, 0) = x`.

@@ -75,8 +75,8 @@ pub fn domains(resources: &[pbjson_types::Any]) -> Result<Vec<DomainRules>, Vec<
             continue;
         }
         owners.insert(config.domain.clone(), name.clone());
-        if let Err(message) = within_bounds(&config.descriptors) {
-            errors.push(whole(&name, message));
+        if let Err(too_large) = within_bounds(&config.descriptors) {
+            errors.push(whole(&name, too_large.to_string()));
             continue;
         }
         match config::parse_domain(&name, &document(&config)) {
@@ -101,8 +101,17 @@ fn whole(resource: &str, message: String) -> ConfigError {
     }
 }
 
+/// A resource too deep or too large to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum TooLarge {
+    #[error("descriptors nest deeper than {MAX_DEPTH} levels")]
+    Depth,
+    #[error("more than {MAX_DESCRIPTORS} descriptors")]
+    Count,
+}
+
 /// Checks depth and size on the proto, before anything is rendered.
-fn within_bounds(descriptors: &[RateLimitDescriptor]) -> Result<(), String> {
+fn within_bounds(descriptors: &[RateLimitDescriptor]) -> Result<(), TooLarge> {
     let mut count = 0usize;
     let mut level: Vec<&RateLimitDescriptor> = descriptors.iter().collect();
     let mut depth = 0;
@@ -110,10 +119,10 @@ fn within_bounds(descriptors: &[RateLimitDescriptor]) -> Result<(), String> {
         depth += 1;
         count += level.len();
         if depth > MAX_DEPTH {
-            return Err(format!("descriptors nest deeper than {MAX_DEPTH} levels"));
+            return Err(TooLarge::Depth);
         }
         if count > MAX_DESCRIPTORS {
-            return Err(format!("more than {MAX_DESCRIPTORS} descriptors"));
+            return Err(TooLarge::Count);
         }
         level = level
             .iter()

@@ -406,24 +406,33 @@ async fn answer(
                 %error,
                 "xDS update rejected (NACK); keeping the previous rules"
             );
-            settings.request(acked, &response.nonce, Some(bounded(error)))
+            settings.request(acked, &response.nonce, Some(bounded(error.to_string())))
         }
     }
 }
 
-async fn apply(limiter: &Limiter, response: &DiscoveryResponse) -> Result<(), String> {
+/// Why an xDS response is refused (NACK); the text is the NACK's detail.
+#[derive(Debug, thiserror::Error)]
+enum Rejected {
+    /// Resources of a type this client did not ask for.
+    #[error("type `{0}` was not subscribed to (expected {TYPE_URL})", TYPE_URL = convert::TYPE_URL)]
+    Type(String),
+    /// Rules that do not load, every error named.
+    #[error(transparent)]
+    Rules(#[from] ConfigErrors),
+    /// The conversion task died.
+    #[error("converting the resources failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+async fn apply(limiter: &Limiter, response: &DiscoveryResponse) -> Result<(), Rejected> {
     if response.type_url != convert::TYPE_URL {
-        return Err(format!(
-            "type `{}` was not subscribed to (expected {})",
-            response.type_url,
-            convert::TYPE_URL
-        ));
+        return Err(Rejected::Type(response.type_url.clone()));
     }
     let resources = response.resources.clone();
     let mut domains = tokio::task::spawn_blocking(move || convert::domains(&resources))
-        .await
-        .map_err(|error| error.to_string())?
-        .map_err(|errors| ConfigErrors(errors).to_string())?;
+        .await?
+        .map_err(ConfigErrors)?;
     config::apply_default_accounting(&mut domains, limiter.accounting());
     if limiter.rules().compiled_from(&domains) {
         tracing::debug!(version = %response.version_info, "xDS update unchanged");

@@ -423,8 +423,8 @@ impl Validator<'_> {
             on_over_limit,
             lockout,
         };
-        if let Err(message) = policy.check_exact_bounds() {
-            read.rule(rl, None, message);
+        if let Err(inexact) = policy.check_exact_bounds() {
+            read.rule(rl, None, inexact.to_string());
         }
         (read.error_count() == before).then_some((Limit::Limited(policy), sets_accounting))
     }

@@ -62,7 +62,7 @@ impl Cluster {
         let reply = self
             .bounded(deadline, conn.route_command(cmd, first_to_answer))
             .await?;
-        let slots = SlotMap::parse(&reply).map_err(BackendError::failed)?;
+        let slots = SlotMap::parse(&reply).map_err(|bad| BackendError::failed(bad.to_string()))?;
         let old = Arc::clone(&self.topology.read());
         let mut lanes = Vec::with_capacity(slots.masters().len());
         for (index, address) in slots.masters().iter().enumerate() {

@@ -29,11 +29,28 @@ pub(super) struct SlotMap {
     first: Vec<u16>,
 }
 
+/// A `CLUSTER SLOTS` reply of another shape than Redis documents, with the part at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(super) enum BadSlots {
+    /// The reply is not an array.
+    #[error("CLUSTER SLOTS: not an array: {0:?}")]
+    NotArray(Value),
+    /// A range is not `[start, end, node, ...]` within the 16,384 slots.
+    #[error("CLUSTER SLOTS: bad range {0}")]
+    Range(String),
+    /// A node is not `[host, port, ...]`.
+    #[error("CLUSTER SLOTS: bad node {0:?}")]
+    Node(Vec<Value>),
+    /// A host is not a string.
+    #[error("CLUSTER SLOTS: bad host {0:?}")]
+    Host(Value),
+}
+
 impl SlotMap {
     /// Reads a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...], replicas...], ...]`.
-    pub(super) fn parse(reply: &Value) -> Result<SlotMap, String> {
+    pub(super) fn parse(reply: &Value) -> Result<SlotMap, BadSlots> {
         let Value::Array(ranges) = reply else {
-            return Err(format!("CLUSTER SLOTS: not an array: {reply:?}"));
+            return Err(BadSlots::NotArray(reply.clone()));
         };
         let mut map = SlotMap {
             owner: vec![None; usize::from(SLOTS)],
@@ -43,19 +60,19 @@ impl SlotMap {
         for range in ranges {
             let (start, end, master) = match range {
                 Value::Array(fields) if fields.len() >= 3 => (&fields[0], &fields[1], &fields[2]),
-                other => return Err(format!("CLUSTER SLOTS: bad range {other:?}")),
+                other => return Err(BadSlots::Range(format!("{other:?}"))),
             };
             let (Value::Int(start), Value::Int(end), Value::Array(node)) = (start, end, master)
             else {
-                return Err(format!("CLUSTER SLOTS: bad range {range:?}"));
+                return Err(BadSlots::Range(format!("{range:?}")));
             };
             let address = match node.as_slice() {
                 [host, Value::Int(port), ..] => format!("{}:{port}", text(host)?),
-                other => return Err(format!("CLUSTER SLOTS: bad node {other:?}")),
+                other => return Err(BadSlots::Node(other.to_vec())),
             };
             let (start, end) = (*start, *end);
             if !(0 <= start && start <= end && end < i64::from(SLOTS)) {
-                return Err(format!("CLUSTER SLOTS: bad range {start}-{end}"));
+                return Err(BadSlots::Range(format!("{start}-{end}")));
             }
             let index = match map.masters.iter().position(|m| *m == address) {
                 Some(index) => {
@@ -95,11 +112,11 @@ impl SlotMap {
     }
 }
 
-fn text(value: &Value) -> Result<String, String> {
+fn text(value: &Value) -> Result<String, BadSlots> {
     match value {
         Value::BulkString(bytes) => Ok(String::from_utf8_lossy(bytes).into_owned()),
         Value::SimpleString(text) => Ok(text.clone()),
-        other => Err(format!("CLUSTER SLOTS: bad host {other:?}")),
+        other => Err(BadSlots::Host(other.clone())),
     }
 }
 

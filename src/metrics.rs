@@ -724,7 +724,17 @@ impl Metrics {
         self.decisions.get_or_create(&CodeLabels { code }).inc();
     }
 
-    /// Counts one shed call.
+    /// Creates every shed reason's series at 0 (shedding is on), so a rate over them works
+    /// from the start.
+    pub fn shed_reasons_from_zero(&self) {
+        for reason in ShedReason::ALL {
+            let _ = self.shed.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
+        }
+    }
+
+    /// Counts one call shed for `reason`.
     pub fn shed(&self, reason: ShedReason) {
         self.shed
             .get_or_create(&ReasonLabels {

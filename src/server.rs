@@ -23,9 +23,9 @@ use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::listener::{self, GrpcLimits, ResetCounter, UnixSocketListener};
 use crate::matcher::Matcher;
-use crate::metrics::{Metrics, ReasonLabels};
+use crate::metrics::Metrics;
 use crate::otel::TracingSettings;
-use crate::overload::{Admission, ShedReason};
+use crate::overload::Admission;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload;
@@ -294,12 +294,7 @@ impl Server {
             .map(|statsd| Sink::start(statsd, Arc::clone(self.limiter.metrics())));
 
         let admission = self.settings.grpc_limits.overload_target.map(|target| {
-            let metrics = self.limiter.metrics();
-            for reason in ShedReason::ALL {
-                let _ = metrics.shed.get_or_create(&ReasonLabels {
-                    reason: reason.as_str(),
-                });
-            }
+            self.limiter.metrics().shed_reasons_from_zero();
             let backend = Arc::clone(&self.backend);
             Arc::new(
                 Admission::new(target)

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::BenchError;
 use crate::duration::GoDuration;
 
 use super::envoy_quota::Fallback;
@@ -138,47 +139,50 @@ impl BenchArgs {
     ///
     /// # Errors
     /// The first problem, as a sentence.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BenchError> {
+        let out_of_range = |flag, expected: &str| BenchError::OutOfRange {
+            flag,
+            expected: expected.to_owned(),
+        };
         if !self.target.ip().is_loopback() {
-            return Err(format!(
-                "--target {} is not a loopback address: bench only loads 127.0.0.1 or ::1",
-                self.target
-            ));
+            return Err(BenchError::NotLoopback {
+                flag: "--target",
+                addr: self.target,
+            });
         }
         if self.duration.is_zero() || self.duration > MAX_DURATION {
-            return Err(format!(
-                "--duration must be between 1ms and {}s",
-                MAX_DURATION.as_secs()
-            ));
+            let expected = format!("between 1ms and {}s", MAX_DURATION.as_secs());
+            return Err(out_of_range("--duration", &expected));
         }
         if self.timeout.is_zero() {
-            return Err("--timeout must be positive".into());
+            return Err(out_of_range("--timeout", "positive"));
         }
         if self.record.is_some() {
             if self.keys > MAX_RECORDED_KEYS {
-                return Err(format!(
-                    "--record follows at most {MAX_RECORDED_KEYS} keys (--keys {})",
-                    self.keys
-                ));
+                return Err(BenchError::TooManyRecordedKeys {
+                    max: MAX_RECORDED_KEYS,
+                    keys: self.keys,
+                });
             }
             if self.record_window < Duration::from_secs(1) {
-                return Err("--record-window must be at least 1s".into());
+                return Err(out_of_range("--record-window", "at least 1s"));
             }
         }
-        if let Some(replica) = self
+        if let Some(&addr) = self
             .rlqs_replica
             .iter()
             .find(|addr| !addr.ip().is_loopback())
         {
-            return Err(format!(
-                "--rlqs-replica {replica} is not a loopback address: bench only loads 127.0.0.1 or ::1"
-            ));
+            return Err(BenchError::NotLoopback {
+                flag: "--rlqs-replica",
+                addr,
+            });
         }
         if self.rlqs_window.is_zero() {
-            return Err("--rlqs-window must be positive".into());
+            return Err(out_of_range("--rlqs-window", "positive"));
         }
         if self.domain.is_empty() || self.key.is_empty() || self.over_limit_key.is_empty() {
-            return Err("--domain, --key and --over-limit-key must not be empty".into());
+            return Err(BenchError::EmptyName);
         }
         Ok(())
     }
@@ -262,7 +266,7 @@ mod tests {
             .chain(args.iter().copied());
         match Cli::try_parse_from(with_default_command(argv.map(OsString::from))) {
             Ok(cli) => match cli.into_command() {
-                Command::Bench(args) => args.check().map(|()| args),
+                Command::Bench(args) => args.check().map(|()| args).map_err(|e| e.to_string()),
                 other => panic!("expected bench, got {other:?}"),
             },
             Err(error) => Err(error.to_string()),

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tonic::Code;
 use tonic::codegen::http::{self, HeaderValue, Method, Uri, header};
 
+use super::BenchError;
 use crate::listener::Coalesced;
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -123,12 +124,12 @@ async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, String> {
 ///
 /// # Errors
 /// The first connection that cannot be made.
-pub async fn connect(target: SocketAddr, count: usize) -> Result<Vec<Arc<Link>>, String> {
+pub async fn connect(target: SocketAddr, count: usize) -> Result<Vec<Arc<Link>>, BenchError> {
     let mut links = Vec::with_capacity(count);
     for _ in 0..count {
         let sender = open(target)
             .await
-            .map_err(|error| format!("cannot connect to {target}: {error}"))?;
+            .map_err(|reason| BenchError::Connect { target, reason })?;
         links.push(Arc::new(Link {
             target,
             current: tokio::sync::Mutex::new(Connected {

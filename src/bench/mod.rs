@@ -23,11 +23,13 @@ use std::time::{Duration, Instant, SystemTime};
 mod args;
 mod client;
 pub mod envoy_quota;
+mod error;
 pub mod quota;
 mod stats;
 mod workload;
 
 pub use args::{BenchArgs, Rate};
+pub use error::BenchError;
 pub use stats::{Latency, Mode, Summary};
 
 use crate::backend::BucketKey;
@@ -86,7 +88,7 @@ impl Schedule {
 /// # Errors
 /// Invalid options, an unreadable `--record-config`, a target that cannot be reached at
 /// the start, or a `--record` file that cannot be written.
-pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
+pub async fn run(args: &BenchArgs) -> Result<Summary, BenchError> {
     args.check()?;
     let redis_key_of = match &args.record_config {
         Some(dir) => Some(bucket_keys(dir, args)?),
@@ -131,14 +133,12 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
         .collect();
     let progress = (!args.quiet).then(|| tokio::spawn(progress(Arc::clone(&live), start)));
     for worker in workers {
-        worker
-            .await
-            .map_err(|error| format!("worker failed: {error}"))?;
+        worker.await?;
     }
     let mut total = Tally::new(record_window);
     for tally in tallies {
         let tally = Arc::try_unwrap(tally)
-            .map_err(|_| "a caller outlived the run".to_owned())?
+            .map_err(|_| BenchError::Outlived)?
             .into_inner();
         total.merge(tally);
     }
@@ -159,8 +159,10 @@ pub async fn run(args: &BenchArgs) -> Result<Summary, String> {
     if let (Some(path), Some(record)) = (&args.record, total.record()) {
         let redis_key = |value: &str| redis_key_of.as_ref().and_then(|of| of(value));
         let json = record.to_json(|key| Workload::value(key, 0), redis_key);
-        std::fs::write(path, json.to_string() + "\n")
-            .map_err(|error| format!("cannot write --record {}: {error}", path.display()))?;
+        std::fs::write(path, json.to_string() + "\n").map_err(|source| BenchError::Record {
+            path: path.clone(),
+            source,
+        })?;
     }
     Ok(total.summary(mode, elapsed, args.timeout))
 }
@@ -227,9 +229,11 @@ async fn progress(live: Arc<Live>, start: Instant) {
 fn bucket_keys(
     dir: &std::path::Path,
     args: &BenchArgs,
-) -> Result<impl Fn(&str) -> Option<String> + use<>, String> {
-    let loaded = crate::config::load_dir(dir)
-        .map_err(|errors| format!("--record-config {}: {errors}", dir.display()))?;
+) -> Result<impl Fn(&str) -> Option<String> + use<>, BenchError> {
+    let loaded = crate::config::load_dir(dir).map_err(|errors| BenchError::RecordConfig {
+        dir: dir.to_path_buf(),
+        errors,
+    })?;
     let matcher = Matcher::new(loaded.domains);
     let (domain, key, prefix) = (
         args.domain.clone(),

@@ -17,6 +17,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::BenchArgs;
+use super::BenchError;
 use super::envoy_quota::{self, EnvoyConfig, Id, Outgoing, SimulatedEnvoy};
 use crate::clock::{Clock, SystemClock};
 use crate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
@@ -131,7 +132,7 @@ impl Percentiles {
 ///
 /// # Errors
 /// A target that cannot be reached at the start.
-pub async fn run(args: &BenchArgs) -> Result<QuotaSummary, String> {
+pub async fn run(args: &BenchArgs) -> Result<QuotaSummary, BenchError> {
     let mut targets = vec![args.target];
     targets.extend(&args.rlqs_replica);
     let mut channels = Vec::new();
@@ -152,21 +153,18 @@ pub async fn run(args: &BenchArgs) -> Result<QuotaSummary, String> {
         .collect();
     let mut all = Vec::new();
     for envoy in envoys {
-        all.push(
-            envoy
-                .await
-                .map_err(|error| format!("stream task: {error}"))?,
-        );
+        all.push(envoy.await?);
     }
     Ok(summarize(args, start, all))
 }
 
-async fn connect(target: SocketAddr) -> Result<Channel, String> {
+async fn connect(target: SocketAddr) -> Result<Channel, BenchError> {
+    let unreachable = |reason: String| BenchError::Connect { target, reason };
     Channel::from_shared(format!("http://{target}"))
-        .map_err(|error| error.to_string())?
+        .map_err(|error| unreachable(error.to_string()))?
         .connect()
         .await
-        .map_err(|error| format!("cannot reach {target}: {error}"))
+        .map_err(|error| unreachable(error.to_string()))
 }
 
 /// Milliseconds since the Unix epoch (windows are aligned to it, as floodgate's are).
@@ -181,22 +179,22 @@ struct Open {
 }
 
 impl Open {
-    async fn start(channel: &Channel) -> Result<Open, String> {
+    async fn start(channel: &Channel) -> Result<Open, BenchError> {
         let (reports, receiver) = mpsc::channel(16);
         let answers = RateLimitQuotaServiceClient::new(channel.clone())
             .stream_rate_limit_quotas(ReceiverStream::new(receiver))
             .await
-            .map_err(|status| status.to_string())?
+            .map_err(|status| BenchError::Stream(status.to_string()))?
             .into_inner();
         Ok(Open { reports, answers })
     }
 
     /// The next answer, or `None` once the stream has ended (with its error, if any).
-    async fn answer(&mut self) -> Result<Option<RateLimitQuotaResponse>, String> {
+    async fn answer(&mut self) -> Result<Option<RateLimitQuotaResponse>, BenchError> {
         self.answers
             .message()
             .await
-            .map_err(|status| status.to_string())
+            .map_err(|status| BenchError::Stream(status.to_string()))
     }
 }
 
@@ -245,7 +243,7 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                 }
                 Ok(None) | Err(_) => {
                     if let Err(error) = answer {
-                        seen.error.get_or_insert(error);
+                        seen.error.get_or_insert(error.to_string());
                     }
                     open = None;
                     pending.clear();
@@ -275,7 +273,7 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                     // A report of no bucket gets no answer to time.
                     let answered = !report.report.bucket_quota_usages.is_empty();
                     if let Err(error) = send(&channel, &mut open, report).await {
-                        seen.error.get_or_insert(error);
+                        seen.error.get_or_insert(error.to_string());
                         client.stream_lost();
                         continue;
                     }
@@ -290,7 +288,11 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
 }
 
 /// Sends one report, opening the stream first when the report says so.
-async fn send(channel: &Channel, open: &mut Option<Open>, report: Outgoing) -> Result<(), String> {
+async fn send(
+    channel: &Channel,
+    open: &mut Option<Open>,
+    report: Outgoing,
+) -> Result<(), BenchError> {
     if report.opens_stream || open.is_none() {
         *open = Some(Open::start(channel).await?);
     }
@@ -299,7 +301,7 @@ async fn send(channel: &Channel, open: &mut Option<Open>, report: Outgoing) -> R
         .reports
         .send(report.report)
         .await
-        .map_err(|_| "the stream closed".to_owned())
+        .map_err(|_| BenchError::Stream("the stream closed".to_owned()))
 }
 
 fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {

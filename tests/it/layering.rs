@@ -2,7 +2,7 @@
 //! module map lists below it (unit tests aside), and every module is on the map.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The modules of the map, top down.
 fn map(lib: &str) -> Vec<String> {
@@ -29,7 +29,27 @@ fn uses(text: &str) -> Vec<String> {
     found
 }
 
-fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+/// Every `.rs` file of `src/`: the top-level module it belongs to (`limiter` for
+/// `src/limiter/mod.rs`, `server` for `src/server.rs`), its path under `src/`, its path.
+fn modules(src: &Path) -> Vec<(String, PathBuf, PathBuf)> {
+    let mut paths = Vec::new();
+    files(src, &mut paths);
+    paths
+        .into_iter()
+        .map(|path| {
+            let relative = path.strip_prefix(src).expect("under src").to_path_buf();
+            let top = relative.components().next().expect("a component");
+            let top = top
+                .as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_owned();
+            (top, relative, path)
+        })
+        .collect()
+}
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read src") {
         let path = entry.expect("entry").path();
         if path.is_dir() {
@@ -59,17 +79,8 @@ fn every_module_uses_only_modules_below_it() {
             "`{module}` is not on lib.rs's module map"
         );
     }
-    let mut paths = Vec::new();
-    files(&src, &mut paths);
     let mut upward = Vec::new();
-    for path in paths {
-        let relative = path.strip_prefix(&src).expect("under src");
-        let top = relative.components().next().expect("a component");
-        let top = top
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
+    for (top, relative, path) in modules(&src) {
         let Some(&mine) = rank.get(&top) else {
             continue;
         };
@@ -95,14 +106,10 @@ fn every_module_uses_only_modules_below_it() {
 #[test]
 fn only_the_limiter_reaches_the_backend() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut paths = Vec::new();
-    files(&src, &mut paths);
-    let allowed = ["backend", "limiter", "server.rs", "health.rs"];
+    let allowed = ["backend", "limiter", "server", "health"];
     let mut reaching = Vec::new();
-    for path in paths {
-        let relative = path.strip_prefix(&src).expect("under src");
-        let top = relative.components().next().expect("a component");
-        if allowed.contains(&top.as_os_str().to_string_lossy().as_ref()) {
+    for (top, relative, path) in modules(&src) {
+        if allowed.contains(&top.as_str()) {
             continue;
         }
         let text = std::fs::read_to_string(&path).expect("read");
@@ -154,17 +161,8 @@ fn nothing_below_service_uses_the_protocol_types() {
         .iter()
         .filter(|name| *name != "proto")
         .collect();
-    let mut paths = Vec::new();
-    files(&src, &mut paths);
     let mut knowing = Vec::new();
-    for path in paths {
-        let relative = path.strip_prefix(&src).expect("under src");
-        let top = relative.components().next().expect("a component");
-        let top = top
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
+    for (top, relative, path) in modules(&src) {
         if !below.iter().any(|name| **name == top) {
             continue;
         }

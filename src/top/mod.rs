@@ -24,9 +24,9 @@ pub use sketch::{Counted, SpaceSaving};
 /// Length of one of the two halves a reading covers.
 pub const HALF: Duration = Duration::from_secs(30);
 /// Keys each summary holds by default (`--top-capacity`).
-pub const DEFAULT_CAPACITY: usize = 512;
+pub const DEFAULT_CAPACITY: usize = 1024;
 /// Most rules (live and candidate) with summaries at once; rules past it are not ranked.
-pub const MAX_RANKED_RULES: usize = 256;
+pub const MAX_RANKED_RULES: usize = 128;
 /// Longest value text kept when values are shown (longer ones are cut, with `…`).
 pub const MAX_SHOWN_BYTES: usize = 256;
 

@@ -87,6 +87,31 @@ pub struct ReferenceEnvError {
     message: String,
 }
 
+/// Why one variable's value cannot be read as its setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadValue {
+    /// Not one of the spellings the setting takes.
+    #[error("`{value}` is not one of {expected}")]
+    NotOneOf {
+        /// The value given.
+        value: String,
+        /// The spellings taken.
+        expected: &'static str,
+    },
+    /// Not the kind of value the setting takes.
+    #[error("`{value}` is not {expected}")]
+    NotA {
+        /// The value given.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// Refused by the parser of the floodgate flag it stands in for (durations, rates,
+    /// tags), in that parser's words.
+    #[error("{0}")]
+    Flag(String),
+}
+
 fn invalid(variable: &'static str, message: impl Into<String>) -> ReferenceEnvError {
     ReferenceEnvError {
         variable,
@@ -298,10 +323,10 @@ impl Mapper<'_> {
     fn parse<T>(
         &self,
         name: &'static str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
+        parse: impl FnOnce(&str) -> Result<T, BadValue>,
     ) -> Result<Option<T>, ReferenceEnvError> {
         self.get(name)
-            .map(|value| parse(&value).map_err(|message| invalid(name, message)))
+            .map(|value| parse(&value).map_err(|bad| invalid(name, bad.to_string())))
             .transpose()
     }
 
@@ -331,16 +356,18 @@ impl Mapper<'_> {
         let ip = self
             .parse(host, |value| {
                 let bare = value.trim_start_matches('[').trim_end_matches(']');
-                bare.parse::<IpAddr>().map_err(|_| {
-                    format!("`{value}` is not an IP address (floodgate binds an IP, e.g. 0.0.0.0)")
+                bare.parse::<IpAddr>().map_err(|_| BadValue::NotA {
+                    value: value.to_owned(),
+                    expected: "an IP address (floodgate binds an IP, e.g. 0.0.0.0)",
                 })
             })?
             .unwrap_or(REFERENCE_HOST);
         let port = self
             .parse(port, |value| {
-                value
-                    .parse::<u16>()
-                    .map_err(|_| format!("`{value}` is not a port number"))
+                value.parse::<u16>().map_err(|_| BadValue::NotA {
+                    value: value.to_owned(),
+                    expected: "a port number",
+                })
             })?
             .unwrap_or(default_port);
         Ok(SocketAddr::new(ip, port))
@@ -439,31 +466,38 @@ impl Mapper<'_> {
 }
 
 /// A boolean as Go's `strconv.ParseBool` (and so the reference) reads it.
-fn parse_bool(value: &str) -> Result<bool, String> {
+fn parse_bool(value: &str) -> Result<bool, BadValue> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("`{value}` is not a boolean (true/false, 1/0, t/f)")),
+        _ => Err(BadValue::NotA {
+            value: value.to_owned(),
+            expected: "a boolean (true/false, 1/0, t/f)",
+        }),
     }
 }
 
 /// A Go `time.Duration` as the reference reads it (`300ms`, `10s`, `1m30s`, `1.5h`, `0`):
 /// the one parser of `GoDuration`.
-fn parse_go_duration(value: &str) -> Result<std::time::Duration, String> {
-    value.parse::<GoDuration>().map(|duration| duration.0)
+fn parse_go_duration(value: &str) -> Result<std::time::Duration, BadValue> {
+    value
+        .parse::<GoDuration>()
+        .map(|duration| duration.0)
+        .map_err(BadValue::Flag)
 }
 
 /// A logrus level name, case-insensitive; `fatal` and `panic` log errors only.
-fn parse_level(value: &str) -> Result<LevelFilter, String> {
+fn parse_level(value: &str) -> Result<LevelFilter, BadValue> {
     match value.to_ascii_lowercase().as_str() {
         "trace" => Ok(LevelFilter::TRACE),
         "debug" => Ok(LevelFilter::DEBUG),
         "info" => Ok(LevelFilter::INFO),
         "warn" | "warning" => Ok(LevelFilter::WARN),
         "error" | "fatal" | "panic" => Ok(LevelFilter::ERROR),
-        _ => Err(format!(
-            "`{value}` is not a log level (trace, debug, info, warn, error, fatal, panic)"
-        )),
+        _ => Err(BadValue::NotOneOf {
+            value: value.to_owned(),
+            expected: "trace, debug, info, warn, error, fatal, panic",
+        }),
     }
 }
 

@@ -161,7 +161,10 @@ impl Mapper<'_> {
     ) -> Result<Option<u32>, ReferenceEnvError> {
         let size = self.parse(name, |value| match value.parse::<u32>() {
             Ok(size) if size > 0 => Ok(size),
-            _ => Err(format!("`{value}` is not a positive number of connections")),
+            _ => Err(BadValue::NotA {
+                value: value.to_owned(),
+                expected: "a positive number of connections",
+            }),
         })?;
         if backend == BackendKind::RedisCluster {
             self.warn(
@@ -221,7 +224,10 @@ impl Mapper<'_> {
             match value.to_ascii_lowercase().as_str() {
                 "tcp" => Ok(false),
                 "unix" => Ok(true),
-                _ => Err(format!("`{value}` is neither `tcp` nor `unix`")),
+                _ => Err(BadValue::NotOneOf {
+                    value: value.to_owned(),
+                    expected: "tcp, unix",
+                }),
             }
         })?;
         let auth = if sentinel {

@@ -66,7 +66,10 @@ impl Mapper<'_> {
             let port = self
                 .parse("STATSD_PORT", |value| match value.parse::<u16>() {
                     Ok(port) if port != 0 => Ok(port),
-                    _ => Err(format!("`{value}` is not a port number")),
+                    _ => Err(BadValue::NotA {
+                        value: value.to_owned(),
+                        expected: "a port number",
+                    }),
                 })?
                 .unwrap_or(REFERENCE_STATSD_PORT);
             let bracketed = host.contains(':') && !host.starts_with('[');
@@ -93,7 +96,10 @@ impl Mapper<'_> {
     fn flush_interval(&mut self, args: &mut ServeArgs) -> Result<(), ReferenceEnvError> {
         let positive = |duration: std::time::Duration| {
             if duration.is_zero() {
-                Err("the flush interval must be longer than 0".to_owned())
+                Err(BadValue::NotA {
+                    value: "0".to_owned(),
+                    expected: "a flush interval longer than 0",
+                })
             } else {
                 Ok(GoDuration(duration))
             }
@@ -114,9 +120,10 @@ impl Mapper<'_> {
             }
         } else if self.claim(STATSD_FLUSH_INTERVAL, &["GOSTATS_FLUSH_INTERVAL_SECONDS"])
             && let Some(interval) = self.parse("GOSTATS_FLUSH_INTERVAL_SECONDS", |value| {
-                let seconds = value
-                    .parse::<u64>()
-                    .map_err(|_| format!("`{value}` is not a number of seconds"))?;
+                let seconds = value.parse::<u64>().map_err(|_| BadValue::NotA {
+                    value: value.to_owned(),
+                    expected: "a number of seconds",
+                })?;
                 positive(std::time::Duration::from_secs(seconds))
             })?
         {

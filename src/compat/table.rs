@@ -42,19 +42,19 @@ pub(super) enum Convert {
     /// A Go duration, at least 1 ms (less is read as 1 ms).
     Millis(fn(&mut ServeArgs) -> &mut GoDuration),
     /// A conversion of its own, which also sets the field.
-    Other(fn(&str, &mut ServeArgs) -> Result<(), String>),
+    Other(fn(&str, &mut ServeArgs) -> Result<(), BadValue>),
 }
 
 impl Convert {
     /// Converts `value` into its field of `args`; the error says what is wrong with it.
-    fn apply(self, value: &str, args: &mut ServeArgs) -> Result<(), String> {
+    fn apply(self, value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
         match self {
             Text(field) => *field(args) = value.to_owned(),
             OptionalText(field) => *field(args) = Some(value.to_owned()),
             File(field) => *field(args) = Some(PathBuf::from(value)),
             Secret(field) => *field(args) = Some(SecretText::from(value.to_owned())),
             Bool(field) => *field(args) = parse_bool(value)?,
-            Duration(field) => *field(args) = value.parse()?,
+            Duration(field) => *field(args) = value.parse().map_err(BadValue::Flag)?,
             Millis(field) => {
                 let duration = parse_go_duration(value)?;
                 *field(args) = GoDuration(duration.max(std::time::Duration::from_millis(1)));
@@ -170,7 +170,7 @@ impl Mapper<'_> {
                 let value = self.get(row.variable).unwrap_or_default();
                 row.convert
                     .apply(&value, args)
-                    .map_err(|message| invalid(row.variable, message))?;
+                    .map_err(|bad| invalid(row.variable, bad.to_string()))?;
             }
         }
         Ok(())
@@ -185,17 +185,24 @@ fn choose<T>(value: &str, choices: [(&str, T); 2]) -> Option<T> {
     choice.map(|(_, choice)| choice)
 }
 
-fn log_format(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+/// `value` is not one of `expected`.
+fn not_one_of(value: &str, expected: &'static str) -> BadValue {
+    BadValue::NotOneOf {
+        value: value.to_owned(),
+        expected,
+    }
+}
+
+fn log_format(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     let choices = [("json", LogFormat::Json), ("text", LogFormat::Text)];
-    args.log_format =
-        choose(value, choices).ok_or_else(|| format!("`{value}` is neither `json` nor `text`"))?;
+    args.log_format = choose(value, choices).ok_or_else(|| not_one_of(value, "json, text"))?;
     Ok(())
 }
 
 /// `true` stops the reference booking requests over the limit: `--on-over-limit reject`.
 /// `false`, the reference's default, changes nothing: rules from xDS `consume` already, and
 /// rules from files keep floodgate's "a rejected request consumes nothing".
-fn stop_increment(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+fn stop_increment(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     if parse_bool(value)? {
         args.on_over_limit = Some(OnOverLimit::Reject);
     }
@@ -203,7 +210,7 @@ fn stop_increment(value: &str, args: &mut ServeArgs) -> Result<(), String> {
 }
 
 /// The reference's headers are the plain-integer RateLimit-Limit/Remaining/Reset.
-fn response_headers(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+fn response_headers(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     args.response_headers = if parse_bool(value)? {
         ResponseHeaders::Legacy
     } else {
@@ -212,50 +219,57 @@ fn response_headers(value: &str, args: &mut ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn local_cache_entries(value: &str, args: &mut ServeArgs) -> Result<(), String> {
-    let bytes = value
-        .parse::<u64>()
-        .map_err(|_| format!("`{value}` is not a number of bytes"))?;
+fn local_cache_entries(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
+    let bytes = value.parse::<u64>().map_err(|_| BadValue::NotA {
+        value: value.to_owned(),
+        expected: "a number of bytes",
+    })?;
     let entries = bytes / ASSUMED_BYTES_PER_CACHE_ENTRY;
     args.local_cache_entries = usize::try_from(entries).unwrap_or(usize::MAX);
     Ok(())
 }
 
-fn config_source(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+fn config_source(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     let choices = [
         ("FILE", ConfigSource::File),
         ("GRPC_XDS_SOTW", ConfigSource::Xds),
     ];
-    args.xds.config_source = choose(value, choices)
-        .ok_or_else(|| format!("`{value}` is neither FILE nor GRPC_XDS_SOTW"))?;
+    args.xds.config_source =
+        choose(value, choices).ok_or_else(|| not_one_of(value, "FILE, GRPC_XDS_SOTW"))?;
     Ok(())
 }
 
-fn xds_max_message_bytes(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+fn xds_max_message_bytes(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     match value.parse::<usize>() {
         Ok(bytes) if bytes >= 1024 => args.xds.xds_max_message_bytes = bytes,
-        _ => return Err("not a size in bytes of at least 1024".to_owned()),
+        _ => {
+            return Err(BadValue::NotA {
+                value: value.to_owned(),
+                expected: "a size in bytes of at least 1024",
+            });
+        }
     }
     Ok(())
 }
 
-fn otlp_protocol(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+fn otlp_protocol(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     let choices = [("http", OtlpProtocol::Http), ("grpc", OtlpProtocol::Grpc)];
     args.tracing.otlp_protocol =
-        choose(value, choices).ok_or_else(|| format!("`{value}` is neither http nor grpc"))?;
+        choose(value, choices).ok_or_else(|| not_one_of(value, "http, grpc"))?;
     Ok(())
 }
 
-fn sampling_rate(value: &str, args: &mut ServeArgs) -> Result<(), String> {
-    args.tracing.tracing_sampling_rate = parse_rate(value)?;
+fn sampling_rate(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
+    args.tracing.tracing_sampling_rate = parse_rate(value).map_err(BadValue::Flag)?;
     Ok(())
 }
 
-fn statsd_tags(value: &str, args: &mut ServeArgs) -> Result<(), String> {
+fn statsd_tags(value: &str, args: &mut ServeArgs) -> Result<(), BadValue> {
     args.statsd.statsd_tags = value
         .split(',')
         .filter(|tag| !tag.trim().is_empty())
         .map(str::parse::<Tag>)
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>()
+        .map_err(BadValue::Flag)?;
     Ok(())
 }

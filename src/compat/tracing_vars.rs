@@ -39,8 +39,10 @@ impl Mapper<'_> {
             let protocol = self.parse(name, |value| match value {
                 "grpc" => Ok(OtlpProtocol::Grpc),
                 "http/protobuf" => Ok(OtlpProtocol::Http),
-                "http/json" => Err("http/json is not supported; use http/protobuf or grpc".into()),
-                _ => Err(format!("`{value}` is not grpc or http/protobuf")),
+                _ => Err(BadValue::NotOneOf {
+                    value: value.to_owned(),
+                    expected: "grpc, http/protobuf (http/json is not supported)",
+                }),
             })?;
             tracing.otlp_protocol = protocol.unwrap_or(tracing.otlp_protocol);
         }

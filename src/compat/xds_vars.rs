@@ -23,7 +23,10 @@ impl Mapper<'_> {
         if self.claim(XDS_BACKOFF_JITTER, &jitter) {
             let factor = self.parse(jitter[0], |value| match value.parse::<f64>() {
                 Ok(factor) if (0.0..=1.0).contains(&factor) => Ok(factor),
-                _ => Err(format!("`{value}` is not a factor between 0 and 1")),
+                _ => Err(BadValue::NotA {
+                    value: value.to_owned(),
+                    expected: "a factor between 0 and 1",
+                }),
             })?;
             let enabled = self.parse(jitter[1], parse_bool)?;
             xds.xds_backoff_jitter = match enabled {

@@ -92,12 +92,14 @@ impl Link {
 /// Opens one HTTP/2 connection and spawns its driver.
 /// Its writes are coalesced as the service's are ([`Coalesced`]): one syscall per round of
 /// calls rather than one per call.
-async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, String> {
+async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, BenchError> {
+    let failed = |reason: String| BenchError::Connect { target, reason };
     let connect = async {
         let tcp = TcpStream::connect(target)
             .await
-            .map_err(|error| error.to_string())?;
-        tcp.set_nodelay(true).map_err(|error| error.to_string())?;
+            .map_err(|error| failed(error.to_string()))?;
+        tcp.set_nodelay(true)
+            .map_err(|error| failed(error.to_string()))?;
         h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
@@ -108,11 +110,11 @@ async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, String> {
             .max_local_error_reset_streams(None)
             .handshake::<_, Bytes>(Coalesced::new(tcp))
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| failed(error.to_string()))
     };
     let (sender, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
-        .map_err(|_| "timed out".to_owned())??;
+        .map_err(|_| failed("timed out".to_owned()))??;
     tokio::spawn(async move {
         // The connection's end shows up as errors on its calls.
         let _ = connection.await;
@@ -127,9 +129,7 @@ async fn open(target: SocketAddr) -> Result<SendRequest<Bytes>, String> {
 pub async fn connect(target: SocketAddr, count: usize) -> Result<Vec<Arc<Link>>, BenchError> {
     let mut links = Vec::with_capacity(count);
     for _ in 0..count {
-        let sender = open(target)
-            .await
-            .map_err(|reason| BenchError::Connect { target, reason })?;
+        let sender = open(target).await?;
         links.push(Arc::new(Link {
             target,
             current: tokio::sync::Mutex::new(Connected {

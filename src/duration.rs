@@ -105,8 +105,8 @@ pub fn parse_positive(text: &str) -> Result<GoDuration, String> {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<Duration, String> {
-        text.parse::<GoDuration>().map(|d| d.0)
+    fn parse(text: &str) -> Option<Duration> {
+        text.parse::<GoDuration>().ok().map(|d| d.0)
     }
 
     #[test]
@@ -121,7 +121,7 @@ mod tests {
             ("2m3s", Duration::from_secs(123)),
             ("10us", Duration::from_micros(10)),
         ] {
-            assert_eq!(parse(text), Ok(expected), "{text}");
+            assert_eq!(parse(text), Some(expected), "{text}");
         }
     }
 
@@ -138,7 +138,7 @@ mod tests {
             "9999999999h",
             ".",
         ] {
-            assert!(parse(text).is_err(), "{text}");
+            assert!(parse(text).is_none(), "{text}");
         }
     }
 

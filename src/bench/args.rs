@@ -260,16 +260,16 @@ mod tests {
     use clap::Parser;
     use std::ffi::OsString;
 
-    fn parse(args: &[&str]) -> Result<BenchArgs, String> {
+    fn parse(args: &[&str]) -> Result<BenchArgs, Box<dyn std::error::Error>> {
         let argv = ["floodgate", "bench"]
             .into_iter()
             .chain(args.iter().copied());
         match Cli::try_parse_from(with_default_command(argv.map(OsString::from))) {
             Ok(cli) => match cli.into_command() {
-                Command::Bench(args) => args.check().map(|()| args).map_err(|e| e.to_string()),
+                Command::Bench(args) => Ok(args.check().map(|()| args)?),
                 other => panic!("expected bench, got {other:?}"),
             },
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -372,7 +372,7 @@ mod tests {
             &["--record-config", "config"],
         ] {
             let error = parse(args).expect_err(&format!("{args:?} accepted"));
-            assert!(!error.is_empty(), "{args:?}");
+            assert!(!error.to_string().is_empty(), "{args:?}");
         }
     }
 }

@@ -292,6 +292,16 @@ impl Group {
         crate::overload::work_ends_within(self.deadline, Instant::now(), timeout)
     }
 
+    /// Whether the request's bookings must be undone once it is settled: `outcomes` (in
+    /// order) reject it, or, with no outcomes, it failed and the failure mode does not keep
+    /// what succeeded. The one statement of this decision for every backend.
+    pub fn must_undo(&self, outcomes: Option<&[Outcome]>) -> bool {
+        match outcomes {
+            Some(outcomes) => self.rejects(outcomes),
+            None => !self.keep_on_failure,
+        }
+    }
+
     /// Whether the request is rejected given `outcomes` of its items (in order).
     pub fn rejects(&self, outcomes: &[Outcome]) -> bool {
         if self.admit {

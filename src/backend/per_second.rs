@@ -148,14 +148,8 @@ async fn decide_split(
         deadline: group.deadline,
         connection: group.connection,
     };
-    let (rest_outcomes, undo_fast) = match main.decide(&second).await {
-        Ok(outcomes) => {
-            let rejected = second.rejects(&outcomes);
-            (Ok(outcomes), rejected)
-        }
-        Err(error) => (Err(error), !group.keep_on_failure),
-    };
-    if undo_fast {
+    let rest_outcomes = main.decide(&second).await;
+    if second.must_undo(rest_outcomes.as_deref().ok()) {
         let refunds = roll_back(first.items.iter().zip(fast_outcomes.iter_mut()), false);
         if let Err(error) = per_second.refund(&refunds).await {
             log_refund_failure(&from_per_second(error));

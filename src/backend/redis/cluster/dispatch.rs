@@ -238,13 +238,10 @@ impl Cluster {
         results: Vec<Result<Outcome, BackendError>>,
     ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
         let failure = results.iter().find_map(|r| r.as_ref().err()).cloned();
-        let undo_all = match &failure {
-            Some(_) => !group.keep_on_failure,
-            None => {
-                let outcomes: Vec<Outcome> = results.iter().flatten().copied().collect();
-                group.rejects(&outcomes)
-            }
-        };
+        let outcomes: Option<Vec<Outcome>> = failure
+            .is_none()
+            .then(|| results.iter().flatten().copied().collect());
+        let undo_all = group.must_undo(outcomes.as_deref());
         let mut settled: Vec<(&Item, Outcome)> = group
             .items
             .iter()

@@ -73,6 +73,8 @@ pub struct Settings {
     pub grpc_tls: Option<TlsFiles>,
     /// Bounds on gRPC connections and messages.
     pub grpc_limits: GrpcLimits,
+    /// Latency target of overload shedding ([`crate::overload`]); None turns it off.
+    pub overload_target: Option<Duration>,
     /// Whether the admin port answers `POST /json` (which spends real quota).
     pub admin_json: bool,
     /// Rules from an xDS management server instead of `config_dir`.
@@ -293,7 +295,7 @@ impl Server {
             .clone()
             .map(|statsd| Sink::start(statsd, Arc::clone(self.limiter.metrics())));
 
-        let admission = self.settings.grpc_limits.overload_target.map(|target| {
+        let admission = self.settings.overload_target.map(|target| {
             self.limiter.metrics().shed_reasons_from_zero();
             let backend = Arc::clone(&self.backend);
             Arc::new(

@@ -540,6 +540,7 @@ impl ServeArgs {
             max_metric_series: self.max_metric_series,
             grpc_tls: self.grpc_tls()?,
             grpc_limits: self.grpc_limits(),
+            overload_target: Some(self.overload_target_latency.0).filter(|d| !d.is_zero()),
             admin_json: self.admin_json,
             xds: self.xds.settings()?,
             startup: self.xds.startup(),
@@ -589,7 +590,6 @@ impl ServeArgs {
             max_connection_age: nonzero(self.grpc_max_connection_age),
             max_connection_age_grace: self.grpc_max_connection_age_grace.0,
             max_connections: self.grpc_max_connections,
-            overload_target: nonzero(self.overload_target_latency),
             first_call_timeout: nonzero(self.grpc_first_call_timeout),
         }
     }

@@ -103,8 +103,6 @@ pub struct GrpcLimits {
     /// Time a new connection gets to finish its TLS handshake and send its first call;
     /// None waits forever.
     pub first_call_timeout: Option<Duration>,
-    /// Latency target of overload shedding ([`crate::overload`]); None turns it off.
-    pub overload_target: Option<Duration>,
 }
 
 impl Default for GrpcLimits {
@@ -118,7 +116,6 @@ impl Default for GrpcLimits {
             max_connection_age_grace: DEFAULT_MAX_CONNECTION_AGE_GRACE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             first_call_timeout: Some(DEFAULT_FIRST_CALL_TIMEOUT),
-            overload_target: Some(crate::overload::DEFAULT_TARGET_LATENCY),
         }
     }
 }

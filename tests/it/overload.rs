@@ -102,7 +102,7 @@ async fn calls_within_their_deadline_are_served_and_shedding_can_be_turned_off()
     server.stop().await;
 
     let server = TestServer::start_with(&[("d.yaml", RULES)], |s| {
-        s.grpc_limits.overload_target = None;
+        s.overload_target = None;
     })
     .await;
     // Without shedding the expired call is decided (and booked), then refused as late.

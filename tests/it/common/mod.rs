@@ -147,6 +147,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         max_metric_series: floodgate::metrics::DEFAULT_MAX_METRIC_SERIES,
         grpc_tls: None,
         grpc_limits: Default::default(),
+        overload_target: Some(floodgate::overload::DEFAULT_TARGET_LATENCY),
         admin_json: true,
         xds: None,
         startup: Default::default(),

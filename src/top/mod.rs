@@ -27,6 +27,12 @@ pub const HALF: Duration = Duration::from_secs(30);
 pub const DEFAULT_CAPACITY: usize = 1024;
 /// Most rules (live and candidate) with summaries at once; rules past it are not ranked.
 pub const MAX_RANKED_RULES: usize = 128;
+/// A rule's summaries are split by key into up to this many stripes, each behind its own
+/// lock, so that a flood of denials on one rule from every core does not queue on one lock.
+/// Keys are split by their hash, so the stripes' totals and keys add up to the rule's.
+const MAX_STRIPES: usize = 8;
+/// Keys a stripe holds at least: smaller capacities are not split.
+const MIN_STRIPE_KEYS: usize = 64;
 /// Longest value text kept when values are shown (longer ones are cut, with `…`).
 pub const MAX_SHOWN_BYTES: usize = 256;
 
@@ -197,11 +203,11 @@ impl Halves {
     }
 }
 
-/// One rule's summaries.
+/// One rule's summaries, in stripes by key.
 pub struct RuleTop {
     name: RuleName,
     show_values: bool,
-    state: Mutex<RuleState>,
+    stripes: Box<[Mutex<RuleState>]>,
 }
 
 struct RuleState {
@@ -233,12 +239,34 @@ impl RuleState {
 }
 
 impl RuleTop {
+    fn new(name: RuleName, options: TopOptions) -> RuleTop {
+        let count = (options.capacity / MIN_STRIPE_KEYS).clamp(1, MAX_STRIPES);
+        let capacity = options.capacity.div_ceil(count);
+        let stripes = (0..count)
+            .map(|_| {
+                Mutex::new(RuleState {
+                    capacity,
+                    started: Instant::now(),
+                    denied: Halves::new(capacity),
+                    near_limit: Halves::new(capacity),
+                })
+            })
+            .collect();
+        RuleTop {
+            name,
+            show_values: options.show_values,
+            stripes,
+        }
+    }
+
     /// Counts `weight` of `kind` for the bucket `key`, whose matched levels are `levels`.
     pub fn offer(&self, kind: Kind, key: BucketKey, levels: &[(String, String)], weight: u64) {
         if weight == 0 {
             return;
         }
-        let mut state = self.state.lock();
+        // The key is a hash already: its first byte spreads keys evenly.
+        let stripe = usize::from(key.as_bytes()[0]) % self.stripes.len();
+        let mut state = self.stripes[stripe].lock();
         state.roll(Instant::now());
         let halves = match kind {
             Kind::Denied => &mut state.denied,
@@ -251,15 +279,27 @@ impl RuleTop {
 
     /// The rule's heaviest keys of each kind, at most `limit` each.
     pub fn read(&self, limit: usize) -> RuleReading {
-        let mut state = self.state.lock();
-        state.roll(Instant::now());
-        RuleReading {
+        let mut reading = RuleReading {
             rule: self.name.clone(),
-            denied_total: state.denied.total(),
-            near_limit_total: state.near_limit.total(),
-            denied: state.denied.ranked(limit),
-            near_limit: state.near_limit.ranked(limit),
+            denied_total: 0,
+            near_limit_total: 0,
+            denied: Vec::new(),
+            near_limit: Vec::new(),
+        };
+        let now = Instant::now();
+        for stripe in &self.stripes {
+            let mut state = stripe.lock();
+            state.roll(now);
+            reading.denied_total += state.denied.total();
+            reading.near_limit_total += state.near_limit.total();
+            reading.denied.extend(state.denied.ranked(limit));
+            reading.near_limit.extend(state.near_limit.ranked(limit));
         }
+        for keys in [&mut reading.denied, &mut reading.near_limit] {
+            keys.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+            keys.truncate(limit);
+        }
+        reading
     }
 }
 
@@ -298,18 +338,9 @@ impl TopKeys {
         if rules.len() >= MAX_RANKED_RULES && !rules.contains_key(&name) {
             return None;
         }
-        let top = rules.entry(name.clone()).or_insert_with(|| {
-            Arc::new(RuleTop {
-                name,
-                show_values: self.options.show_values,
-                state: Mutex::new(RuleState {
-                    capacity: self.options.capacity,
-                    started: Instant::now(),
-                    denied: Halves::new(self.options.capacity),
-                    near_limit: Halves::new(self.options.capacity),
-                }),
-            })
-        });
+        let top = rules
+            .entry(name.clone())
+            .or_insert_with(|| Arc::new(RuleTop::new(name, self.options)));
         Some(Arc::clone(top))
     }
 
@@ -385,7 +416,7 @@ mod tests {
         rule.offer(Kind::Denied, key("a"), &levels("a"), 5);
         rule.offer(Kind::Denied, key("b"), &levels("b"), 3);
         {
-            let mut state = rule.state.lock();
+            let mut state = rule.stripes[0].lock();
             state.started -= HALF;
         }
         rule.offer(Kind::Denied, key("a"), &levels("a"), 2);
@@ -413,8 +444,27 @@ mod tests {
         let top = TopKeys::new(TopOptions::default());
         let rule = top.rule(name("user")).unwrap();
         rule.offer(Kind::Denied, key("a"), &levels("a"), 5);
-        rule.state.lock().started -= 2 * HALF;
+        for stripe in &rule.stripes {
+            stripe.lock().started -= 2 * HALF;
+        }
         assert!(top.read(10).is_empty());
+    }
+
+    /// With the default capacity a rule's keys are split over stripes: every key lands in
+    /// one of them, and a reading adds them up to the same exact totals and ranks.
+    #[test]
+    fn stripes_add_up_to_the_rule() {
+        let top = TopKeys::new(TopOptions::default());
+        let rule = top.rule(name("user")).unwrap();
+        assert_eq!(rule.stripes.len(), MAX_STRIPES);
+        for i in 0..200u64 {
+            let value = format!("u{i}");
+            rule.offer(Kind::Denied, key(&value), &levels(&value), i + 1);
+        }
+        let reading = rule.read(3);
+        assert_eq!(reading.denied_total, (1..=200).sum::<u64>());
+        let counts: Vec<(u64, u64)> = reading.denied.iter().map(|r| (r.count, r.error)).collect();
+        assert_eq!(counts, [(200, 0), (199, 0), (198, 0)]);
     }
 
     #[test]

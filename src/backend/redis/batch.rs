@@ -31,13 +31,13 @@ use crate::backend::{BackendError, Outcome};
 use crate::overload::{ConnectionId, Deadline};
 
 /// Where a lane's calls go: runs one batch call deciding every one of `groups`, in order,
-/// until `deadline`, and returns every item's outcome (`None` for the items of a group that
+/// until `work_ends`, and returns every item's outcome (`None` for the items of a group that
 /// failed inside the script).
 pub(super) trait Runner: Send + Sync + 'static {
     fn run_batch(
         &self,
         groups: &[&GroupWords],
-        deadline: Instant,
+        work_ends: Instant,
     ) -> impl Future<Output = Result<Vec<Option<Outcome>>, BackendError>> + Send;
 }
 
@@ -67,7 +67,7 @@ impl Lane {
     }
 
     /// Queues `group` (one request's, from `connection`) for a batch call, to be sent before
-    /// `deadline` (the backend's bound, `Group::work_ends_within`), unless the queue could not
+    /// `work_ends` (the backend's bound, `Group::work_ends_within`), unless the queue could not
     /// send it with room before `caller`, the caller's own deadline (`Overloaded`, nothing
     /// booked). The room covers the caller's whole wait, so it is not asked of the backend's
     /// bound: at 512 calls in flight of 5 descriptors on a cluster, 25 ms of queue against
@@ -76,7 +76,7 @@ impl Lane {
     pub(super) async fn decide(
         &self,
         group: GroupWords,
-        deadline: Instant,
+        work_ends: Instant,
         caller: Option<Deadline>,
         connection: Option<ConnectionId>,
     ) -> Reply {
@@ -91,7 +91,7 @@ impl Lane {
             .queue
             .send(Job {
                 group,
-                deadline,
+                work_ends,
                 connection,
                 reply,
             })
@@ -178,7 +178,7 @@ impl Backlog {
         }
     }
 
-    /// Whether `items` more, queued now, leave room before `deadline`
+    /// Whether `items` more, queued now, leave room before the caller's `deadline`
     /// (`Deadline::leaves_room`).
     fn in_time(&self, items: usize, deadline: Deadline) -> bool {
         let now = Instant::now();
@@ -252,8 +252,9 @@ impl Backlog {
 struct Job {
     /// The request's group, encoded.
     group: GroupWords,
-    /// When its caller stops waiting.
-    deadline: Instant,
+    /// When the backend's work for it ends (the caller's deadline or the backend's bound,
+    /// whichever comes first).
+    work_ends: Instant,
     /// The connection it came on.
     connection: Option<ConnectionId>,
     /// Where its outcomes go.
@@ -316,16 +317,16 @@ async fn send(node: &impl Runner, backlog: &Backlog, jobs: Vec<Job>) {
     // A caller that gave up or ran out of time is not sent: nothing is booked for it.
     let (live, late): (Vec<Job>, Vec<Job>) = jobs
         .into_iter()
-        .partition(|job| !job.reply.is_closed() && job.deadline > now);
+        .partition(|job| !job.reply.is_closed() && job.work_ends > now);
     for job in late {
         let _ = job.reply.send(Err(BackendError::Timeout));
     }
-    let Some(deadline) = live.iter().map(|job| job.deadline).max() else {
+    let Some(work_ends) = live.iter().map(|job| job.work_ends).max() else {
         return;
     };
     let groups: Vec<&GroupWords> = live.iter().map(|job| &job.group).collect();
     let items = groups.iter().map(|group| group.len()).sum();
-    let result = node.run_batch(&groups, deadline).await;
+    let result = node.run_batch(&groups, work_ends).await;
     if result.is_ok() {
         backlog.drained(items, now.elapsed());
     }

@@ -147,8 +147,8 @@ impl ClusterBackend {
                     "invalid Redis Cluster URLs: {e}"
                 )))
             })?;
-        let deadline = Instant::now() + options.timeout;
-        let conn = match timeout_at(deadline, client.get_async_connection()).await {
+        let work_ends = Instant::now() + options.timeout;
+        let conn = match timeout_at(work_ends, client.get_async_connection()).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => return Err(secrets.scrub(errors::classify(&e))),
             Err(_) => return Err(BackendError::Timeout),
@@ -188,9 +188,9 @@ impl Cluster {
     /// Sends what makes the calls of `scripting` known, to every node.
     async fn load(&self, scripting: Scripting) -> Result<(), BackendError> {
         for cmd in self.scripts.load_commands(scripting) {
-            let deadline = Instant::now() + self.options.timeout;
+            let work_ends = Instant::now() + self.options.timeout;
             let mut conn = self.conn.clone();
-            self.bounded(deadline, cmd.query_async::<Value>(&mut conn))
+            self.bounded(work_ends, cmd.query_async::<Value>(&mut conn))
                 .await?;
         }
         Ok(())
@@ -198,10 +198,10 @@ impl Cluster {
 
     pub(super) async fn bounded<T>(
         &self,
-        deadline: Instant,
+        work_ends: Instant,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, BackendError> {
-        match timeout_at(deadline, call).await {
+        match timeout_at(work_ends, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),
@@ -209,8 +209,8 @@ impl Cluster {
     }
 
     pub(super) async fn run_all(&self, calls: &[Call]) -> Result<Vec<Value>, BackendError> {
-        let deadline = Instant::now() + self.options.timeout;
-        join_all(calls.iter().map(|call| self.run(call, deadline)))
+        let work_ends = Instant::now() + self.options.timeout;
+        join_all(calls.iter().map(|call| self.run(call, work_ends)))
             .await
             .into_iter()
             .collect()
@@ -234,14 +234,17 @@ impl Backend for ClusterBackend {
     /// the same cluster.
     async fn ping(&self) -> Result<(), BackendError> {
         let cluster = &self.0;
-        let deadline = Instant::now() + cluster.options.timeout;
+        let work_ends = Instant::now() + cluster.options.timeout;
         let mut conn = cluster.conn.clone();
         let any_master = RoutingInfo::MultiNode((
             MultipleNodeRoutingInfo::AllMasters,
             Some(ResponsePolicy::OneSucceeded),
         ));
         cluster
-            .bounded(deadline, conn.route_command(redis::cmd("PING"), any_master))
+            .bounded(
+                work_ends,
+                conn.route_command(redis::cmd("PING"), any_master),
+            )
             .await
             .map(|_| ())
     }

@@ -186,14 +186,14 @@ struct Borrowed {
 }
 
 impl Borrowed {
-    /// Runs `pipe` until `deadline`. Transport errors retire the connection; a timeout
+    /// Runs `pipe` until `work_ends`. Transport errors retire the connection; a timeout
     /// fails this call only, unless the connection has gone silent (see `LinkHealth`).
     async fn query(
         &mut self,
         pipe: &redis::Pipeline,
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Result<Vec<Value>, BackendError> {
-        match timeout_at(deadline, pipe.query_async::<Vec<Value>>(&mut self.conn)).await {
+        match timeout_at(work_ends, pipe.query_async::<Vec<Value>>(&mut self.conn)).await {
             Err(_) => {
                 self.health.timed_out();
                 Err(BackendError::Timeout)
@@ -376,18 +376,18 @@ impl Node {
         for cmd in self.scripts.load_commands(scripting) {
             pipe.add_command(cmd);
         }
-        let deadline = Instant::now() + self.options.timeout;
-        let mut conn = self.borrow(deadline).await?;
-        conn.query(&pipe, deadline)
+        let work_ends = Instant::now() + self.options.timeout;
+        let mut conn = self.borrow(work_ends).await?;
+        conn.query(&pipe, work_ends)
             .await
             .map(|_| ())
             .map_err(|e| self.secrets.scrub(e))
     }
 
-    /// A connection for one call. If none is ready by `deadline`, the error says why the
+    /// A connection for one call. If none is ready by `work_ends`, the error says why the
     /// latest connect failed when one did, else `Unavailable`.
-    async fn borrow(&self, deadline: Instant) -> Result<Borrowed, BackendError> {
-        let error = match timeout_at(deadline, self.pool.get()).await {
+    async fn borrow(&self, work_ends: Instant) -> Result<Borrowed, BackendError> {
+        let error = match timeout_at(work_ends, self.pool.get()).await {
             Ok(Ok(link)) => {
                 return Ok(Borrowed {
                     conn: link.conn.clone(),
@@ -409,11 +409,11 @@ impl Node {
     /// `NOSCRIPT` or `Function not found` did not run; they go again in a second pipeline,
     /// as `EVAL` or after the library's load.
     async fn run(&self, calls: &[Call]) -> Result<Vec<Value>, BackendError> {
-        let deadline = Instant::now() + self.options.timeout;
-        let mut conn = self.borrow(deadline).await?;
+        let work_ends = Instant::now() + self.options.timeout;
+        let mut conn = self.borrow(work_ends).await?;
         let first = self.scripting.first();
         let mut values = self
-            .pipeline(&mut conn, None, calls.iter(), first, deadline)
+            .pipeline(&mut conn, None, calls.iter(), first, work_ends)
             .await?;
         let missing: Vec<usize> = (0..values.len())
             .filter(|&i| errors::is_missing(&values[i]))
@@ -426,7 +426,7 @@ impl Node {
                     load,
                     missing.iter().map(|&i| &calls[i]),
                     via,
-                    deadline,
+                    work_ends,
                 )
                 .await?;
             for (i, value) in missing.into_iter().zip(retried) {
@@ -444,7 +444,7 @@ impl Node {
         load: Option<redis::Cmd>,
         calls: impl Iterator<Item = &'a Call>,
         via: Via,
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Result<Vec<Value>, BackendError> {
         let mut pipe = redis::pipe();
         // Server errors come back per command instead of failing the whole pipeline, so a
@@ -460,7 +460,7 @@ impl Node {
             expected += 1;
         }
         let mut values = conn
-            .query(&pipe, deadline)
+            .query(&pipe, work_ends)
             .await
             .map_err(|e| self.secrets.scrub(e))?;
         values.drain(..loads.min(values.len()));
@@ -476,15 +476,15 @@ impl Node {
 
 /// The single node's batch calls, beside `Node::run` (the calls of refunds).
 impl Runner for Node {
-    /// Runs one batch call until `deadline`; a node that does not know the script or the
+    /// Runs one batch call until `work_ends`; a node that does not know the script or the
     /// function (flushed, restarted, promoted) gets it again, as `EVAL` or after the
     /// library's load in the same round trip: the first call did not run.
     async fn run_batch(
         &self,
         groups: &[&GroupWords],
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
-        let mut conn = self.borrow(deadline).await?;
+        let mut conn = self.borrow(work_ends).await?;
         let mut reply = Value::Nil;
         for retry in [false, true] {
             let (load, via) = match retry {
@@ -501,7 +501,7 @@ impl Runner for Node {
             let prefix = &self.options.key_prefix;
             pipe.add_command(GroupWords::command(groups, prefix, &self.scripts, via));
             let mut values = conn
-                .query(&pipe, deadline)
+                .query(&pipe, work_ends)
                 .await
                 .map_err(|e| self.secrets.scrub(e))?;
             reply = values.pop().unwrap_or(Value::Nil);
@@ -521,11 +521,11 @@ impl Backend for RedisBackend {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let deadline = group.work_ends_within(self.node.options.timeout);
+        let work_ends = group.work_ends_within(self.node.options.timeout);
         let (caller, connection) = (group.deadline, group.connection);
         let group = GroupWords::new(group);
         self.lane
-            .decide(group, deadline, caller, connection)
+            .decide(group, work_ends, caller, connection)
             .await?
             .ok_or_else(|| {
                 BackendError::failed(
@@ -549,11 +549,11 @@ impl Backend for RedisBackend {
 
     async fn ping(&self) -> Result<(), BackendError> {
         let node = &self.node;
-        let deadline = Instant::now() + node.options.timeout;
-        let mut conn = node.borrow(deadline).await?;
+        let work_ends = Instant::now() + node.options.timeout;
+        let mut conn = node.borrow(work_ends).await?;
         let mut pipe = redis::pipe();
         pipe.add_command(redis::cmd("PING"));
-        conn.query(&pipe, deadline)
+        conn.query(&pipe, work_ends)
             .await
             .map_err(|e| node.secrets.scrub(e))?;
         Ok(())

@@ -47,14 +47,14 @@ impl Cluster {
         if group.items.is_empty() {
             return Ok(Vec::new());
         }
-        let deadline = group.work_ends_within(self.options.timeout);
+        let work_ends = group.work_ends_within(self.options.timeout);
         let spread = match self.plan(group) {
             Plan::OneMaster(topology, master) => {
                 let lane = &topology.lanes[master].lane;
                 match lane
                     .decide(
                         GroupWords::new(group),
-                        deadline,
+                        work_ends,
                         group.deadline,
                         group.connection,
                     )
@@ -76,7 +76,7 @@ impl Cluster {
         let cluster = Arc::clone(self);
         let group = group.clone();
         tokio::spawn(async move {
-            let (result, kept) = cluster.charge_and_settle(&group, spread, deadline).await;
+            let (result, kept) = cluster.charge_and_settle(&group, spread, work_ends).await;
             if let Err(Ok(_)) = reply.send(result)
                 && !group.keep_on_failure
                 && !kept.is_empty()
@@ -140,16 +140,16 @@ impl Cluster {
         self: &Arc<Self>,
         group: &Group,
         spread: Spread,
-        deadline: Instant,
+        work_ends: Instant,
     ) -> (Result<Vec<Outcome>, BackendError>, Vec<Refund>) {
         let results = match spread {
             Spread::ByNode(topology, owners) => {
-                self.charge_by_node(&topology, group, &owners, deadline)
+                self.charge_by_node(&topology, group, &owners, work_ends)
                     .await
             }
             Spread::Each => {
                 let items: Vec<&Item> = group.items.iter().collect();
-                self.charge_each(&items, deadline).await
+                self.charge_each(&items, work_ends).await
             }
         };
         self.settle(group, results).await
@@ -160,12 +160,12 @@ impl Cluster {
     async fn charge_each(
         &self,
         items: &[&Item],
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Vec<Result<Outcome, BackendError>> {
         let prefix = &self.options.key_prefix;
         join_all(items.iter().map(|item| async move {
             let value = self
-                .run(&Call::charge(&item.charge, prefix), deadline)
+                .run(&Call::charge(&item.charge, prefix), work_ends)
                 .await?;
             calls::outcome(value).map_err(|e| self.secrets.scrub(e))
         }))
@@ -181,7 +181,7 @@ impl Cluster {
         topology: &Topology,
         group: &Group,
         owners: &[usize],
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Vec<Result<Outcome, BackendError>> {
         let mut parts: Vec<(usize, Vec<usize>)> = Vec::new();
         for (index, &owner) in owners.iter().enumerate() {
@@ -194,7 +194,7 @@ impl Cluster {
             let words = GroupWords::independent(indexes.iter().map(|&i| &group.items[i]));
             topology.lanes[*node]
                 .lane
-                .decide(words, deadline, group.deadline, group.connection)
+                .decide(words, work_ends, group.deadline, group.connection)
         }))
         .await;
         let mut results: Vec<Option<Result<Outcome, BackendError>>> = vec![None; owners.len()];
@@ -220,7 +220,7 @@ impl Cluster {
             let items: Vec<&Item> = again.iter().map(|&i| &group.items[i]).collect();
             for (i, result) in again
                 .into_iter()
-                .zip(self.charge_each(&items, deadline).await)
+                .zip(self.charge_each(&items, work_ends).await)
             {
                 results[i] = Some(result);
             }

@@ -102,20 +102,20 @@ impl NodeLink {
     async fn send(
         &self,
         groups: &[&GroupWords],
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
         let items = groups.iter().map(|group| group.len()).sum();
         let mut reply = Value::Nil;
         for retry in [false, true] {
             if retry {
                 let load = || self.scripts.library_load();
-                let loaded = timeout_at(deadline, self.send_command(load)).await;
+                let loaded = timeout_at(work_ends, self.send_command(load)).await;
                 if let Ok(Err(e)) = loaded {
                     return Err(self.secrets.scrub(errors::classify(&e)));
                 }
             }
             let cmd = || GroupWords::command_across_slots(groups, &self.key_prefix, &self.scripts);
-            reply = match timeout_at(deadline, self.send_command(cmd)).await {
+            reply = match timeout_at(work_ends, self.send_command(cmd)).await {
                 Ok(Ok(value)) => value,
                 Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::ReadOnly) => {
                     return Ok(vec![None; items]);
@@ -138,7 +138,7 @@ impl Runner for NodeLink {
     async fn run_batch(
         &self,
         groups: &[&GroupWords],
-        deadline: Instant,
+        work_ends: Instant,
     ) -> Result<Vec<Option<Outcome>>, BackendError> {
         if !self.health.admits(Instant::now()) {
             self.probe();
@@ -147,7 +147,7 @@ impl Runner for NodeLink {
                     .into(),
             ));
         }
-        let result = self.send(groups, deadline).await;
+        let result = self.send(groups, work_ends).await;
         match &result {
             Err(BackendError::Timeout | BackendError::Unavailable(_)) => {
                 self.health.unanswered(Instant::now());

@@ -51,7 +51,7 @@ impl Cluster {
     /// counts: a node that hangs (the very master whose failover made the map change) must
     /// not keep the new map from being read.
     pub(super) async fn refresh(&self) -> Result<(), BackendError> {
-        let deadline = Instant::now() + self.options.timeout;
+        let work_ends = Instant::now() + self.options.timeout;
         let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
@@ -60,7 +60,7 @@ impl Cluster {
             Some(ResponsePolicy::OneSucceeded),
         ));
         let reply = self
-            .bounded(deadline, conn.route_command(cmd, first_to_answer))
+            .bounded(work_ends, conn.route_command(cmd, first_to_answer))
             .await?;
         let slots = SlotMap::parse(&reply).map_err(|bad| BackendError::failed(bad.to_string()))?;
         let old = Arc::clone(&self.topology.read());

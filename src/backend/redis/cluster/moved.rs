@@ -15,10 +15,10 @@ impl Cluster {
     /// Runs one script call; after `NOSCRIPT` or `Function not found` (a node that never saw
     /// the script, such as a freshly promoted replica) it goes again as `EVAL`, or after the
     /// library's load on the node that owns the key.
-    pub(super) async fn run(&self, call: &Call, deadline: Instant) -> Result<Value, BackendError> {
+    pub(super) async fn run(&self, call: &Call, work_ends: Instant) -> Result<Value, BackendError> {
         let mut conn = self.conn.clone();
         let first = call.command(&self.scripts, self.scripting.first());
-        match timeout_at(deadline, follow_moved(&mut conn, first)).await {
+        match timeout_at(work_ends, follow_moved(&mut conn, first)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) if errors::is_missing_error(&e) => {
                 let (load, via) = self.scripting.again(&self.scripts);
@@ -26,11 +26,12 @@ impl Cluster {
                     let owner = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                         Route::with_key(call.key(), SlotAddr::Master),
                     ));
-                    self.bounded(deadline, conn.route_command(load, owner))
+                    self.bounded(work_ends, conn.route_command(load, owner))
                         .await?;
                 }
                 let again = call.command(&self.scripts, via);
-                self.bounded(deadline, follow_moved(&mut conn, again)).await
+                self.bounded(work_ends, follow_moved(&mut conn, again))
+                    .await
             }
             Ok(Err(e)) => Err(self.secrets.scrub(errors::classify(&e))),
             Err(_) => Err(BackendError::Timeout),

@@ -213,7 +213,8 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
         .map(|bucket| vec![(args.key.clone(), format!("b{bucket}"))])
         .collect();
     let mut open: Option<Open> = None;
-    let mut pending: VecDeque<Instant> = VecDeque::new();
+    // Reports awaiting their answer: when each was sent, and how many buckets it named.
+    let mut pending: VecDeque<(Instant, usize)> = VecDeque::new();
     let step = if args.rlqs_streams > 100 {
         Duration::from_millis(20)
     } else {
@@ -234,7 +235,12 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
             answer = answer => match answer {
                 Ok(Some(answer)) => {
                     let now = Instant::now();
-                    if let Some(sent) = pending.pop_front() {
+                    // The answer to a report acts on every bucket it named; a push between
+                    // reports (a refill, a reload) acts on fewer and answers no report.
+                    let acted = answer.bucket_action.len();
+                    if pending.front().is_some_and(|&(_, named)| acted >= named)
+                        && let Some((sent, _)) = pending.pop_front()
+                    {
                         seen.latencies.push(now - sent);
                     }
                     for applied in client.apply(&answer, now) {
@@ -271,14 +277,14 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                 outgoing.extend(client.tick(now));
                 for report in outgoing {
                     // A report of no bucket gets no answer to time.
-                    let answered = !report.report.bucket_quota_usages.is_empty();
+                    let named = report.report.bucket_quota_usages.len();
                     if let Err(error) = send(&channel, &mut open, report).await {
                         seen.error.get_or_insert(error.to_string());
                         client.stream_lost();
                         continue;
                     }
-                    if answered {
-                        pending.push_back(now);
+                    if named > 0 {
+                        pending.push_back((now, named));
                     }
                 }
             }

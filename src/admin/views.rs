@@ -135,49 +135,25 @@ pub fn overview(state: &AdminState) -> Value {
                 .collect()
         })
         .unwrap_or_default();
-    let decisions: serde_json::Map<String, Value> = DECISION_CODES
-        .iter()
-        .map(|&code| {
-            let count = metrics.decisions.get_or_create(&CodeLabels { code }).get();
-            (code.to_owned(), json!(count))
-        })
-        .collect();
-    let shed: serde_json::Map<String, Value> = ShedReason::ALL
-        .iter()
-        .map(|&reason| {
-            let labels = ReasonLabels {
-                reason: reason.as_str(),
-            };
-            (
-                reason.as_str().to_owned(),
-                json!(metrics.shed.get_or_create(&labels).get()),
-            )
-        })
-        .collect();
-    let backend_errors: serde_json::Map<String, Value> = crate::backend::BackendError::KINDS
-        .iter()
-        .map(|&kind| {
-            let labels = KindLabels {
-                kind: kind.to_owned(),
-            };
-            (
-                kind.to_owned(),
-                json!(metrics.backend_errors.get_or_create(&labels).get()),
-            )
-        })
-        .collect();
-    let assignments: serde_json::Map<String, Value> = RLQS_STRATEGIES
-        .iter()
-        .map(|&strategy| {
-            let labels = KindLabels {
-                kind: strategy.to_owned(),
-            };
-            (
-                strategy.to_owned(),
-                json!(metrics.rlqs.assignments.get_or_create(&labels).get()),
-            )
-        })
-        .collect();
+    let decisions = counts(DECISION_CODES, |code| {
+        metrics.decisions.get_or_create(&CodeLabels { code }).get()
+    });
+    let shed = counts(ShedReason::ALL.map(ShedReason::as_str), |reason| {
+        metrics.shed.get_or_create(&ReasonLabels { reason }).get()
+    });
+    let kind = |kind: &str| KindLabels {
+        kind: kind.to_owned(),
+    };
+    let backend_errors = counts(crate::backend::BackendError::KINDS, |name| {
+        metrics.backend_errors.get_or_create(&kind(name)).get()
+    });
+    let assignments = counts(RLQS_STRATEGIES, |strategy| {
+        metrics
+            .rlqs
+            .assignments
+            .get_or_create(&kind(strategy))
+            .get()
+    });
     json!({
         "service": {
             "version": env!("CARGO_PKG_VERSION"),
@@ -199,6 +175,17 @@ pub fn overview(state: &AdminState) -> Value {
             "assignments": assignments,
         },
     })
+}
+
+/// A JSON object of one counter per label value, in the given order.
+fn counts<const N: usize>(
+    names: [&'static str; N],
+    count: impl Fn(&'static str) -> u64,
+) -> serde_json::Map<String, Value> {
+    names
+        .into_iter()
+        .map(|name| (name.to_owned(), json!(count(name))))
+        .collect()
 }
 
 /// A rule's limit in words: `10 per second, fixed window`.

@@ -6,6 +6,7 @@ use super::*;
 use crate::backend::memory::MemoryBackend;
 use crate::clock::ManualClock;
 use crate::matcher::{DescriptorRule, DomainRules};
+use crate::rules::Rule;
 use crate::rules::Unit;
 
 struct Fixture {

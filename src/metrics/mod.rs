@@ -28,7 +28,13 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::overload::ShedReason;
+
+mod candidates;
+mod rlqs;
+
 use crate::rules::Rule;
+pub use candidates::{CandidateCounters, CandidateMetrics};
+pub use rlqs::{RLQS_SKIP_REASONS, RLQS_STRATEGIES, RLQS_STREAM_END_REASONS, RlqsMetrics};
 
 /// Default of `--max-metric-series`: request-made per-rule series (each key is six series,
 /// one per per-rule counter), so about 1,666 keys and well under 1 MB of `/metrics`.
@@ -154,73 +160,6 @@ pub struct Metrics {
     pub candidates: CandidateMetrics,
 }
 
-/// The counters of one candidate rule (`floodgate_candidate_*{domain,key}`), weighted by
-/// cost like the per-rule series.
-#[derive(Clone, Default)]
-pub struct CandidateCounters {
-    /// Hits the candidate saw.
-    pub hits: Counter,
-    /// Hits it would have denied.
-    pub over_limit: Counter,
-    /// Hits of requests the live rules denied.
-    pub live_over_limit: Counter,
-}
-
-/// The candidate rules' metrics: one series per candidate rule (config-made, so bounded).
-#[derive(Clone, Default)]
-pub struct CandidateMetrics {
-    hits: Family<RuleLabels, Counter>,
-    over_limit: Family<RuleLabels, Counter>,
-    live_over_limit: Family<RuleLabels, Counter>,
-    /// Candidate evaluations lost to a backend error or timeout (the answer is unaffected).
-    pub errors: Counter,
-}
-
-impl CandidateMetrics {
-    fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "candidate_hits",
-            "Hits a candidate rule saw, weighted by cost",
-            self.hits.clone(),
-        );
-        registry.register(
-            "candidate_over_limit",
-            "Hits a candidate rule would have denied",
-            self.over_limit.clone(),
-        );
-        registry.register(
-            "candidate_live_over_limit",
-            "Hits a candidate rule saw in requests the live rules denied",
-            self.live_over_limit.clone(),
-        );
-        registry.register(
-            "candidate_errors",
-            "Candidate evaluations lost to a backend error; answers are unaffected",
-            self.errors.clone(),
-        );
-    }
-
-    /// The counters of the candidate rule `path` in `domain`.
-    pub fn counters(&self, domain: &str, path: &str) -> CandidateCounters {
-        let labels = RuleLabels {
-            domain: domain.to_owned(),
-            key: path.to_owned(),
-        };
-        CandidateCounters {
-            hits: self.hits.get_or_create(&labels).clone(),
-            over_limit: self.over_limit.get_or_create(&labels).clone(),
-            live_over_limit: self.live_over_limit.get_or_create(&labels).clone(),
-        }
-    }
-
-    /// Drops every candidate series (new candidate rules were loaded).
-    pub fn clear(&self) {
-        self.hits.clear();
-        self.over_limit.clear();
-        self.live_over_limit.clear();
-    }
-}
-
 /// Labels of the HTTP/2 reset counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Http2ResetLabels {
@@ -228,103 +167,6 @@ pub struct Http2ResetLabels {
     pub kind: &'static str,
     /// The HTTP/2 error code's name, e.g. `PROTOCOL_ERROR`, `REFUSED_STREAM`.
     pub code: String,
-}
-
-/// The metrics of the quota service (RLQS), `floodgate_rlqs_*`.
-#[derive(Clone, Default)]
-pub struct RlqsMetrics {
-    /// Open quota streams.
-    pub streams: Gauge,
-    /// Buckets held by open streams.
-    pub buckets: Gauge,
-    /// Bucket usage reports received.
-    pub reports: Counter,
-    /// Assignments sent, by strategy (`allow_all`, `deny_all`, `token_bucket`).
-    pub assignments: Family<KindLabels, Counter>,
-    /// Buckets abandoned for want of demand or of reports.
-    pub abandons: Counter,
-    /// Buckets of reports left unanswered, by reason (one of [`RLQS_SKIP_REASONS`]).
-    pub skipped: Family<ReasonLabels, Counter>,
-    /// Streams ended by the server, by reason (one of [`RLQS_STREAM_END_REASONS`]).
-    pub stream_ends: Family<ReasonLabels, Counter>,
-}
-
-/// The strategies `RlqsMetrics::assignments` counts, created up front so dashboards show 0.
-pub const RLQS_STRATEGIES: [&str; 3] = ["allow_all", "deny_all", "token_bucket"];
-/// Why a reported bucket is skipped: a malformed id or `time_elapsed`, or a bound on the
-/// buckets held.
-pub const RLQS_SKIP_REASONS: [&str; 4] = ["empty_id", "bad_id", "bad_time_elapsed", "bucket_limit"];
-/// Why the server ends a stream: a message it cannot decode, a bad domain, a client that
-/// does not read its answers.
-pub const RLQS_STREAM_END_REASONS: [&str; 3] = ["undecodable", "bad_domain", "not_reading"];
-
-impl RlqsMetrics {
-    /// Counts one assignment sent with `strategy` (one of [`RLQS_STRATEGIES`]).
-    pub fn assigned(&self, strategy: &str) {
-        self.assignments
-            .get_or_create(&KindLabels {
-                kind: strategy.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Counts one reported bucket skipped for `reason` (one of [`RLQS_SKIP_REASONS`]).
-    pub fn skipped(&self, reason: &'static str) {
-        self.skipped.get_or_create(&ReasonLabels { reason }).inc();
-    }
-
-    /// Counts one stream ended for `reason` (one of [`RLQS_STREAM_END_REASONS`]).
-    pub fn stream_ended(&self, reason: &'static str) {
-        self.stream_ends
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    }
-
-    fn register(&self, registry: &mut Registry) {
-        for strategy in RLQS_STRATEGIES {
-            let _ = self.assignments.get_or_create(&KindLabels {
-                kind: strategy.to_owned(),
-            });
-        }
-        for reason in RLQS_SKIP_REASONS {
-            let _ = self.skipped.get_or_create(&ReasonLabels { reason });
-        }
-        for reason in RLQS_STREAM_END_REASONS {
-            let _ = self.stream_ends.get_or_create(&ReasonLabels { reason });
-        }
-        let rlqs = registry.sub_registry_with_prefix("rlqs");
-        rlqs.register("streams", "Open RLQS streams", self.streams.clone());
-        rlqs.register(
-            "buckets",
-            "Buckets held by open RLQS streams",
-            self.buckets.clone(),
-        );
-        rlqs.register(
-            "reports",
-            "RLQS bucket usage reports received",
-            self.reports.clone(),
-        );
-        rlqs.register(
-            "assignments",
-            "RLQS quota assignments sent, by strategy (kind)",
-            self.assignments.clone(),
-        );
-        rlqs.register(
-            "abandons",
-            "RLQS buckets abandoned after no demand for --rlqs-abandon-after",
-            self.abandons.clone(),
-        );
-        rlqs.register(
-            "skipped_buckets",
-            "RLQS reported buckets left unanswered, by reason",
-            self.skipped.clone(),
-        );
-        rlqs.register(
-            "stream_ends",
-            "RLQS streams ended by the server, by reason",
-            self.stream_ends.clone(),
-        );
-    }
 }
 
 /// Labels of the shed counter.

@@ -104,6 +104,26 @@ pub struct Budget {
     pub reset: Duration,
 }
 
+/// A stream's part of a bucket's rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share {
+    /// Its demand over everyone's (0..=1).
+    pub fraction: f64,
+    /// Requests a second it keeps whatever the fraction says (up to what the rates may add
+    /// up to): the rate it admitted before this stream, while the shared demand counters
+    /// still count that rate a second time, under its old stream.
+    pub floor: f64,
+}
+
+impl From<f64> for Share {
+    fn from(fraction: f64) -> Share {
+        Share {
+            fraction,
+            floor: 0.0,
+        }
+    }
+}
+
 /// A duration as Envoy reads it: whole seconds, at least 1, rounded up.
 pub fn whole_seconds(duration: Duration) -> Duration {
     let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
@@ -115,9 +135,15 @@ pub fn ttl(interval: Duration) -> Duration {
     whole_seconds(interval * TTL_INTERVALS)
 }
 
-/// Sizes a stream's assignment: `share` (0..=1) of `budget` under `policy`, for a client
-/// reporting every `interval`.
-pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> Assignment {
+/// Sizes a stream's assignment: `share` of `budget` under `policy`, for a client reporting
+/// every `interval`.
+pub fn size(
+    policy: &Policy,
+    budget: Budget,
+    share: impl Into<Share>,
+    interval: Duration,
+) -> Assignment {
+    let share = share.into();
     let ttl = ttl(interval);
     if !budget.open || policy.requests_per_unit == 0 {
         // Rounded up: the stream pushes the refill when it comes, which ends the denial on
@@ -127,7 +153,7 @@ pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> 
             ttl: whole_seconds(budget.reset),
         };
     }
-    let share = share.clamp(0.0, 1.0);
+    let fraction = share.fraction.clamp(0.0, 1.0);
     let window = Duration::from_millis(policy.window_ms().max(1));
     let limit = f64::from(policy.requests_per_unit);
     let mut per_second = limit / window.as_secs_f64();
@@ -142,8 +168,9 @@ pub fn size(policy: &Policy, budget: Budget, share: f64, interval: Duration) -> 
     };
     let burst =
         (capacity.min(budget.remaining) as f64 * BURST_FRACTION).min(per_second * BURST_SECONDS);
-    let burst = (share * burst).ceil();
-    let rate = share * per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN);
+    let burst = (fraction * burst).ceil();
+    let rates = per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN);
+    let rate = (fraction * rates).max(share.floor.min(rates));
     Assignment {
         strategy: token_bucket(burst, rate),
         ttl,
@@ -251,6 +278,22 @@ mod tests {
             unreachable!()
         };
         assert_eq!(max_tokens, 50);
+    }
+
+    #[test]
+    fn a_floor_keeps_a_rate_up_to_what_the_rates_may_add_up_to() {
+        let policy = Policy::fixed_window(1000, Unit::Second);
+        let kept = |floor| {
+            let share = Share {
+                fraction: 1.0 / 3.0,
+                floor,
+            };
+            rate(&size(&policy, open(1000, 1000), share, INTERVAL).strategy)
+        };
+        assert!((kept(0.0) - 300.0).abs() < 1.0);
+        assert!((kept(800.0) - 800.0).abs() < 1.0);
+        // Never past the 0.9 of the limit that every stream's rate adds up to.
+        assert!((kept(5000.0) - 900.0).abs() < 1.0);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::rules::Policy;
 
 use super::RlqsSettings;
-use super::assign::{self, Assignment, Strategy};
+use super::assign::{self, Assignment, Share, Strategy};
 use super::bounds::{BucketBounds, Holding};
 use super::ledger::{self, Ledger, OwnDemand};
 use super::spread;
@@ -52,6 +52,9 @@ const CONCURRENT_BOOKINGS: usize = 64;
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
 const MIN_SLEEP: Duration = Duration::from_millis(5);
+/// How long a client that brings a bucket from an earlier stream keeps the rate it admitted
+/// then: until that stream's demand has faded out of the shared counters.
+const CONTINUED_FOR: Duration = Duration::from_secs(2 * ledger::DEMAND_WINDOW.as_secs());
 
 /// What every stream shares.
 pub struct Shared {
@@ -84,6 +87,11 @@ struct Tracked {
     own_count: u64,
     /// Demand a second, as its latest report that covered any time says.
     demand_rate: f64,
+    /// Allowed requests a second, as the same report says.
+    admitted_rate: f64,
+    /// Until when the client's demand may still be counted a second time in the shared
+    /// counters, under an earlier stream ([`Tracked::floor`]).
+    continued_until: Option<Instant>,
     sent: Option<Sent>,
     /// When the bucket needs a push without a report: a refill, or a rule reload.
     next_look: Option<Instant>,
@@ -97,6 +105,20 @@ struct Sent {
 }
 
 impl Tracked {
+    /// The rate the bucket keeps whatever its share says. A client whose first report on
+    /// this stream covers time held the bucket before, on a stream now gone (its replica
+    /// died, or the connection broke): the demand it reported there still counts in the
+    /// shared counters, as if another client's, for up to two demand windows. Its share
+    /// alone would then fall to a half or a third of what it admitted a moment ago; so
+    /// until that demand has faded it keeps that rate (Doorman's learning mode): load that
+    /// was admitted already, not new load.
+    fn floor(&self, now: Instant) -> f64 {
+        match self.continued_until {
+            Some(until) if until > now => self.admitted_rate,
+            _ => 0.0,
+        }
+    }
+
     /// Learns the reporting interval from a report's `time_elapsed`: at once when it grows,
     /// slowly when it shrinks, so a first periodic report (which covers less than an
     /// interval) never gives TTLs that end before the next report.
@@ -252,7 +274,14 @@ impl Stream {
         self.shared.metrics.reports.inc();
         let at = match self.index.get(&usage.id) {
             Some(&at) => at,
-            None => self.add(usage.id, now)?,
+            None => {
+                let at = self.add(usage.id, now)?;
+                // Envoy's first report of a new bucket covers no time.
+                if !usage.elapsed.is_zero() {
+                    self.buckets[at].continued_until = Some(now + CONTINUED_FOR);
+                }
+                at
+            }
         };
         let bucket = &mut self.buckets[at];
         bucket.learn_interval(usage.elapsed);
@@ -266,9 +295,12 @@ impl Stream {
         let booked = spread::booked_now(&quota.policy, usage.allowed, usage.elapsed, now_ms);
         bucket.unbooked = bucket.unbooked.saturating_add(booked).min(MAX_PENDING);
         // Capped at the limit's rate, then spread like the requests.
-        let demand = demand.min(demand_cap(&quota.policy, usage.elapsed));
+        let cap = demand_cap(&quota.policy, usage.elapsed);
+        let demand = demand.min(cap);
         if !usage.elapsed.is_zero() {
-            bucket.demand_rate = demand as f64 / usage.elapsed.as_secs_f64();
+            let seconds = usage.elapsed.as_secs_f64();
+            bucket.demand_rate = demand as f64 / seconds;
+            bucket.admitted_rate = usage.allowed.min(cap) as f64 / seconds;
         }
         let demand = spread::booked_now(&ledger::demand_policy(), demand, usage.elapsed, now_ms);
         bucket.unbooked_demand = bucket
@@ -300,6 +332,8 @@ impl Stream {
             own: OwnDemand::default(),
             own_count: 0,
             demand_rate: 0.0,
+            admitted_rate: 0.0,
+            continued_until: None,
             sent: None,
             next_look: None,
         });
@@ -424,7 +458,10 @@ impl Stream {
                         bucket.own_count,
                         reading.total_demand,
                     );
-                    let share = ledger::share(bucket.demand_rate, others);
+                    let share = Share {
+                        fraction: ledger::share(bucket.demand_rate, others),
+                        floor: bucket.floor(now),
+                    };
                     refill = Some(reading.budget.reset);
                     assign::size(&quota.policy, reading.budget, share, bucket.interval)
                 }
@@ -526,6 +563,8 @@ mod tests {
             own: OwnDemand::default(),
             own_count: 0,
             demand_rate: 0.0,
+            admitted_rate: 0.0,
+            continued_until: None,
             sent: None,
             next_look: None,
         }

@@ -39,6 +39,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000}
   - key: shared
     rate_limit: {unit: second, requests_per_unit: 200}
+  - key: minute
+    rate_limit: {unit: minute, requests_per_unit: 120000}
   - key: tokens
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
   - key: free
@@ -446,6 +448,29 @@ async fn cluster_replicas_serve_one_budget() {
     bookings_saturate_at_the_limit(&b, "c").await;
     two_streams_split_one_budget(&a, &b, "c").await;
     a.stop().await;
+    b.stop().await;
+}
+
+/// A lone Envoy at 800/s under 2,000/s whose replica dies keeps its rate on the next: its
+/// first report there covers 5 s (Envoy reopens a lost stream at its next 5 s tick with the
+/// full report, `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`),
+/// while the demand it reported to the dead replica still counts in the shared counters.
+/// Counted as another client's, that demand left it a third of the rates (600/s).
+#[tokio::test]
+async fn an_envoy_moved_to_another_replica_keeps_its_rate() {
+    let redis = RedisServer::start();
+    let a = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    let b = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    let id: &[(&str, &str)] = &[("minute", "moved")];
+    let mut first = Quota::open(a.grpc).await;
+    for _ in 0..2 {
+        let before = rate(first.report("web", id, 4000, 0).await);
+        assert!(before >= 800.0, "{before}");
+    }
+    a.stop().await;
+    let mut second = Quota::open(b.grpc).await;
+    let kept = rate(second.report("web", id, 4000, 0).await);
+    assert!((800.0..=810.0).contains(&kept), "{kept}");
     b.stop().await;
 }
 

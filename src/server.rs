@@ -322,6 +322,7 @@ impl Server {
         let quota = QuotaService::new(
             Arc::clone(&self.limiter),
             self.settings.rlqs,
+            admission.clone(),
             stop_rx_for_grpc.clone(),
         );
         let routes = tonic::service::Routes::new(

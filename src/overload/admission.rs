@@ -108,7 +108,35 @@ impl Admission {
             None if self.standing_queue(now, sojourn) => return Err(ShedReason::Queue),
             None => {}
         }
-        let connection = arrival.map(|arrival| &arrival.connection);
+        self.take(units, arrival.map(|arrival| &arrival.connection))
+    }
+
+    /// Admits `units` of work that no call waits for in the run queue: a quota stream
+    /// booking its report. It counts in flight with the calls, on `caller` (the stream's own
+    /// load, so the stream is one caller among the connections), held to its fair share
+    /// past the cap; and like a call without a deadline it is shed while a standing queue
+    /// stands.
+    ///
+    /// # Errors
+    /// The reason the work is shed.
+    pub fn admit_work(
+        &self,
+        units: u64,
+        caller: &Arc<ConnectionLoad>,
+    ) -> Result<Permit<'_>, ShedReason> {
+        if self.queue_stands(Instant::now()) {
+            return Err(ShedReason::Queue);
+        }
+        self.take(units, Some(caller))
+    }
+
+    /// Counts `units` in flight on `connection`, or refuses them past the cap and the
+    /// connection's fair share.
+    fn take(
+        &self,
+        units: u64,
+        connection: Option<&Arc<ConnectionLoad>>,
+    ) -> Result<Permit<'_>, ShedReason> {
         let in_flight = self.in_flight.fetch_add(units, Ordering::Relaxed) + units;
         if in_flight > MAX_IN_FLIGHT && !self.within_fair_share(connection, units, in_flight) {
             self.in_flight.fetch_sub(units, Ordering::Relaxed);
@@ -155,6 +183,14 @@ impl Admission {
             Err(since) => since,
         };
         now_us.saturating_sub(since) >= INTERVAL.as_micros() as u64
+    }
+
+    /// Whether the sojourn has been above the target for a whole interval, as the calls
+    /// last measured it.
+    fn queue_stands(&self, now: Instant) -> bool {
+        let since = self.above_since_us.load(Ordering::Relaxed);
+        let now_us = now.saturating_duration_since(self.origin).as_micros() as u64;
+        since != 0 && now_us.saturating_sub(since) >= INTERVAL.as_micros() as u64
     }
 
     /// Past the cap, a connection below its fair share of it is still admitted, up to twice
@@ -322,11 +358,17 @@ mod tests {
             admission.admit(1, Some(&old), None).err(),
             Some(ShedReason::Queue)
         );
+        // Work that waits for no call is shed while the queue stands.
+        assert_eq!(
+            admission.admit_work(1, &connection).err(),
+            Some(ShedReason::Queue)
+        );
         // A call that did not wait passes, and resets the state.
         let fresh = arrival(Instant::now(), &connection);
         assert!(admission.admit(1, Some(&fresh), None).is_ok());
         let old = arrival(Instant::now() - waited, &connection);
         assert!(admission.admit(1, Some(&old), None).is_ok());
+        assert!(admission.admit_work(1, &connection).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
@@ -350,7 +392,15 @@ mod tests {
         );
         let quiet_permit = admission.admit(1, Some(&arrival(now, &quiet)), None);
         assert!(quiet_permit.is_ok(), "a quiet connection is still served");
-        drop(quiet_permit);
+        // A quota stream is a caller of its own, held to its share like any.
+        let stream = Arc::new(ConnectionLoad::default());
+        let booking = admission.admit_work(64, &stream);
+        assert!(booking.is_ok(), "a stream's first bookings fit its share");
+        assert_eq!(
+            admission.admit_work(MAX_IN_FLIGHT, &stream).err(),
+            Some(ShedReason::FairShare)
+        );
+        drop((quiet_permit, booking));
         drop(held);
         assert_eq!(admission.in_flight.load(Ordering::Relaxed), 0);
         assert_eq!(admission.active_connections.load(Ordering::Relaxed), 0);

@@ -25,7 +25,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::limiter::Limiter;
-use crate::overload::Arrival;
+use crate::overload::{Admission, Arrival};
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaService;
 use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
@@ -77,8 +77,14 @@ pub struct QuotaService {
 
 impl QuotaService {
     /// Serves quota streams over `limiter`'s rules and backend until `stop` turns true,
-    /// which ends every open stream (so a shutdown can drain).
-    pub fn new(limiter: Arc<Limiter>, settings: RlqsSettings, stop: watch::Receiver<bool>) -> Self {
+    /// which ends every open stream (so a shutdown can drain). `admission`, when shedding is
+    /// on, is the one ShouldRateLimit's calls go through.
+    pub fn new(
+        limiter: Arc<Limiter>,
+        settings: RlqsSettings,
+        admission: Option<Arc<Admission>>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
         let ledger = Ledger::new(Arc::clone(&limiter));
         let metrics = limiter.metrics().rlqs.clone();
         QuotaService {
@@ -88,6 +94,7 @@ impl QuotaService {
                 settings,
                 bounds: Arc::new(BucketBounds::new(settings.max_buckets)),
                 metrics,
+                admission,
             }),
             stop,
         }

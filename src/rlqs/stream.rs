@@ -19,7 +19,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::limiter::{FailureMode, Limiter, QuotaRule};
 use crate::matcher::Matcher;
 use crate::metrics::RlqsMetrics;
-use crate::overload::{Caller, ConnectionLoad};
+use crate::overload::{Admission, Caller, ConnectionLoad};
 use crate::proto::rlqs::RateLimitQuotaUsageReports;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 use crate::rules::Policy;
@@ -68,6 +68,8 @@ pub struct Shared {
     pub bounds: Arc<BucketBounds>,
     /// Counters and gauges.
     pub metrics: RlqsMetrics,
+    /// ShouldRateLimit's admission controller, when shedding is on.
+    pub admission: Option<Arc<Admission>>,
 }
 
 /// One bucket of the stream.
@@ -175,6 +177,8 @@ pub struct Stream {
     rules: Arc<Matcher>,
     holding: Holding,
     connection: Option<Arc<ConnectionLoad>>,
+    /// The stream's own load: one caller of its own in admission and the backend's turns.
+    load: Arc<ConnectionLoad>,
 }
 
 impl Stream {
@@ -195,6 +199,7 @@ impl Stream {
             rules,
             holding,
             connection,
+            load: Arc::new(ConnectionLoad::default()),
         }
     }
 
@@ -394,14 +399,38 @@ impl Stream {
 
     /// Books and sizes the buckets at `indexes` (their backend calls concurrently), and
     /// returns what to push. `answer`: a report asked, so every bucket is answered, with
-    /// the assignment in force when the new one did not move enough.
+    /// the assignment in force when the new one did not move enough. Under overload the
+    /// bookings are shed as one piece of work: every bucket keeps what it was assigned and
+    /// its counts wait for the next look.
     async fn look(&mut self, indexes: &[usize], now: Instant, answer: bool) -> Vec<BucketAction> {
+        let units = indexes.len().min(CONCURRENT_BOOKINGS) as u64;
+        // Its own handle: the permit borrows the admission while `settle` takes the stream.
+        let shared = Arc::clone(&self.shared);
+        let load = Arc::clone(&self.load);
+        let _permit = match shared
+            .admission
+            .as_deref()
+            .map(|admission| admission.admit_work(units, &load))
+        {
+            Some(Err(reason)) => {
+                shared.limiter.metrics().shed(reason);
+                return indexes
+                    .iter()
+                    .filter_map(|&at| {
+                        let shed = Some(Err(BackendError::Overloaded));
+                        self.settle(at, shed, now, answer)
+                    })
+                    .collect();
+            }
+            Some(Ok(permit)) => Some(permit),
+            None => None,
+        };
         let ledger = &self.shared.ledger;
         let buckets = &self.buckets;
         // One caller per stream, so a backend queue serves it in turn with the others.
         let caller = Caller {
             deadline: None,
-            connection: self.connection.as_ref().map(|load| load.id()),
+            connection: Some(self.load.id()),
         };
         // Collected first: a stream over a closure's futures is not `Send` to the compiler.
         let jobs: Vec<_> = indexes
@@ -568,6 +597,103 @@ mod tests {
             sent: None,
             next_look: None,
         }
+    }
+
+    /// A stream on a memory backend with 10 an hour for `window`, failing open, whose
+    /// bookings go through `admission`.
+    fn stream(admission: &Arc<Admission>) -> (Stream, Arc<Limiter>) {
+        use crate::backend::memory::MemoryBackend;
+        use crate::limiter::LimiterOptions;
+        let domain = crate::config::parse_domain(
+            "d.yaml",
+            "domain: d\ndescriptors:\n  - key: window\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+        )
+        .expect("rules parse");
+        let limiter = Arc::new(Limiter::new(
+            Matcher::new(vec![domain]),
+            Arc::new(MemoryBackend::new(1000)),
+            Arc::new(crate::metrics::Metrics::new()),
+            LimiterOptions {
+                failure_mode: FailureMode::Allow,
+                ..LimiterOptions::default()
+            },
+        ));
+        let settings = RlqsSettings::default();
+        let shared = Arc::new(Shared {
+            ledger: Ledger::new(Arc::clone(&limiter)),
+            limiter: Arc::clone(&limiter),
+            settings,
+            bounds: Arc::new(BucketBounds::new(settings.max_buckets)),
+            metrics: limiter.metrics().rlqs.clone(),
+            admission: Some(Arc::clone(admission)),
+        });
+        (Stream::new(shared, None), limiter)
+    }
+
+    fn report(allowed: u64) -> RateLimitQuotaUsageReports {
+        use crate::proto::rlqs::BucketId;
+        use crate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+        RateLimitQuotaUsageReports {
+            domain: "d".to_owned(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("window".to_owned(), "v".to_owned())].into(),
+                }),
+                time_elapsed: Some(pbjson_types::Duration {
+                    seconds: 5,
+                    nanos: 0,
+                }),
+                num_requests_allowed: allowed,
+                num_requests_denied: 0,
+            }],
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bookings_shed_under_a_standing_queue_wait_for_the_next_report() {
+        use crate::overload::{Arrival, DEFAULT_TARGET_LATENCY, ShedReason};
+        let admission = Arc::new(Admission::new(DEFAULT_TARGET_LATENCY));
+        let (mut stream, limiter) = stream(&admission);
+        // Calls that waited 8 ms for a whole interval: the queue stands.
+        let connection = Arc::new(ConnectionLoad::default());
+        let waited = || Arrival {
+            at: Instant::now() - Duration::from_millis(8),
+            unread: None,
+            connection: Arc::clone(&connection),
+        };
+        drop(admission.admit(1, Some(&waited()), None));
+        tokio::time::advance(Duration::from_millis(101)).await;
+        assert!(admission.admit(1, Some(&waited()), None).is_err());
+        let shed = stream.report(report(4)).await.unwrap();
+        // Nothing booked: the failure mode answers the new bucket.
+        assert_eq!(
+            shed.actions,
+            [wire::assign(
+                &Arc::new(vec![("window".to_owned(), "v".to_owned())]),
+                &Assignment {
+                    strategy: Strategy::AllowAll,
+                    ttl: Duration::from_secs(15)
+                }
+            )]
+        );
+        let queue = crate::metrics::ReasonLabels {
+            reason: ShedReason::Queue.as_str(),
+        };
+        assert_eq!(limiter.metrics().shed.get_or_create(&queue).get(), 1);
+        // A call that did not wait ends the standing queue; the next report books the four.
+        let fresh = Arrival {
+            at: Instant::now(),
+            ..waited()
+        };
+        drop(admission.admit(1, Some(&fresh), None));
+        stream.report(report(0)).await.unwrap();
+        let bucket = &stream.buckets[0];
+        assert_eq!((bucket.unbooked, bucket.sent.is_some()), (0, true));
+        let QuotaRule::Limited(quota) = &bucket.rule else {
+            panic!("limited")
+        };
+        let read = stream.shared.ledger.book(quota, 0, 0, Caller::default());
+        assert_eq!(read.await.unwrap().budget.remaining, 6);
     }
 
     #[test]

@@ -60,6 +60,7 @@ fn charges(algorithm: Algorithm) -> Vec<Charge> {
                 bucket: BucketKey::new("bench", "user", [("user", value.as_str())], &policy),
                 policy,
                 cost: 1,
+                spread_ms: 0,
             }
         })
         .collect()

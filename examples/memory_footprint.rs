@@ -59,6 +59,7 @@ async fn main() {
             bucket: BucketKey::new("bench", "user", [("user", value.as_str())], &policy),
             policy,
             cost: 1,
+            spread_ms: 0,
         };
         let outcome = backend.charge(&[charge]).await.expect("memory never fails");
         assert!(outcome[0].allowed);

@@ -222,6 +222,7 @@ async fn main() {
                 ),
                 policy,
                 cost: 1,
+                spread_ms: 0,
             })
             .collect(),
     );

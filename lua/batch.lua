@@ -11,11 +11,12 @@ ARGV[1]  the words below, one string of 8-byte little-endian signed integers (st
          from decimal.
 G: the number of groups (requests)
 P: the number of distinct policies the items use, each sent once
-then per policy, 8 values:
+then per policy, 9 values:
   algorithm  1..4, the index in ALGORITHMS
   quota      1 = a quota_mode rule
   shadow     1 = a shadow_mode rule (its denial never rejects the request)
   W L B consume lockout   as ARGV[3..7] of the algorithm scripts
+  spread     as ARGV[8] of a charge
 then per group:
   m          its item count, written -m when 4 values of verdicts known without Redis follow:
     admit    1 = the request is admitted whatever it decides (global shadow mode)
@@ -71,8 +72,9 @@ for p = 1, words[2] do
   end
   policies[p] = {run = run, quota = words[arg + 1] == 1, shadow = words[arg + 2] == 1,
     W = words[arg + 3], L = words[arg + 4], B = words[arg + 5],
-    consume = words[arg + 6] == 1 and '1' or '0', lockout = words[arg + 7]}
-  arg = arg + 8
+    consume = words[arg + 6] == 1 and '1' or '0', lockout = words[arg + 7],
+    spread = string.format('%d', words[arg + 8])}
+  arg = arg + 9
 end
 
 -- One KEYS table and one ARGV table carry every charge: an algorithm reads its arguments
@@ -86,6 +88,7 @@ local function charge(policy, key, n)
   charge_keys[1] = KEYS[key]
   charge_args[2], charge_args[3], charge_args[4] = n, policy.W, policy.L
   charge_args[5], charge_args[6], charge_args[7] = policy.B, policy.consume, policy.lockout
+  charge_args[8] = policy.spread
   return pcall(policy.run, charge_keys, charge_args)
 end
 

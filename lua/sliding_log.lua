@@ -18,7 +18,8 @@ ARGV[5]  B: burst (unused here; every script takes the same ARGV)
 ARGV[6]  1 = on_over_limit consume: a denial books its cost into the newest booking, moved
          to now (see check), so the log never holds more members than admitted bookings
 ARGV[7]  lockout in ms (0 = none)
-ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[8]  refund: booked_at, the now_ms that the charge being undone replied; charge: its
+         spread, ignored here (a window is handed only the part of a report inside it)
 ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see

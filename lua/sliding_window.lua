@@ -12,7 +12,8 @@ ARGV[4]  L: requests per window (>= 1)
 ARGV[5]  B: burst (unused here; every script takes the same ARGV)
 ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
-ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[8]  refund: booked_at, the now_ms that the charge being undone replied; charge: its
+         spread, ignored here (a window is handed only the part of a report inside it)
 ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Every write leaves the key's expiry at the state's (PEXPIREAT, at least 1 ms ahead); see

@@ -15,7 +15,9 @@ ARGV[4]  L: requests per window (>= 1)
 ARGV[5]  B: burst, the capacity in requests (>= 1)
 ARGV[6]  1 = on_over_limit consume (book the cost even when denied), 0 = reject
 ARGV[7]  lockout in ms (0 = none)
-ARGV[8]  refund only: booked_at, the now_ms that the charge being undone replied
+ARGV[8]  refund: booked_at, the now_ms that the charge being undone replied; charge: its
+         spread s, the ms before now its cost was spent over (at most 3,600,000): the cost
+         is booked from max(t, now - s) and leaks from then
 ARGV[9]  refund only: the refund's id (decimal u64); a repeated id changes nothing
 
 Every write sets the key's expiry to the state's (PEXPIREAT, at least 1 ms ahead); see
@@ -86,12 +88,30 @@ local function load()
   end
 end
 
+-- The level a spread cost starts from, as check() reads u0: the level at the spread's start
+-- (never before t) less what leaked since; negative when the bucket would have emptied.
+local function spent_from()
+  local start = math.min(math.max(now - spread, updated), now)
+  local at_start = level - math.max(start - updated, 0) * lambda
+  if at_start < 0 then
+    at_start = 0
+  end
+  return at_start - (now - start) * lambda
+end
+
 -- Returns allowed, remaining, reset_ms, booked. Comparisons are written as u0 <= C - n*U so
 -- that no intermediate exceeds 2^53 (u0 itself may reach 2^53 under consume).
 local function check(book_on_deny)
-  if n > B and not book_on_deny then
+  if n > B and not book_on_deny and spread == 0 then
     -- Can never fit: no write. Under consume it is booked as any denial is.
     return false, 0, cdiv(u0, lambda), false
+  end
+  if spread > 0 then
+    -- What is left of the spread cost may be nothing: the level is then 0.
+    u0 = spent_from()
+    if u0 + n * U < 0 then
+      u0 = -n * U
+    end
   end
   local room = C - n * U
   if u0 <= room then

@@ -58,6 +58,21 @@ pub trait Counter: Default + Clone {
     /// rejects `consume`, ignores it).
     fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict;
 
+    /// As `check`, for a cost spent over the `spread_ms` before `now_ms` (a quota report).
+    /// Only the token bucket books it from its start (`token_bucket`); the windows are
+    /// handed only the part of a report that falls inside them, and book it now.
+    fn check_spent(
+        &mut self,
+        params: &Params,
+        now_ms: i64,
+        cost: u64,
+        book_on_deny: bool,
+        spread_ms: u64,
+    ) -> Verdict {
+        let _ = spread_ms;
+        self.check(params, now_ms, cost, book_on_deny)
+    }
+
     /// Answers whether a cost-1 request would fit now, changing nothing. `remaining` is what
     /// is left without booking; `reset_ms` is as for an allowed (or denied cost-1) check.
     fn peek(&self, params: &Params, now_ms: i64) -> Verdict;
@@ -126,6 +141,18 @@ impl Bucket {
     /// cost only under `consume`); otherwise the algorithm decides, and a real denial starts
     /// the lockout, reporting R = the whole lockout.
     pub fn decide(&mut self, policy: &Policy, now_ms: i64, cost: u64) -> Verdict {
+        self.decide_spent(policy, now_ms, cost, 0)
+    }
+
+    /// As [`Bucket::decide`], for a cost spent over the `spread_ms` before `now_ms`
+    /// ([`Counter::check_spent`]).
+    pub fn decide_spent(
+        &mut self,
+        policy: &Policy,
+        now_ms: i64,
+        cost: u64,
+        spread_ms: u64,
+    ) -> Verdict {
         let params = Params::of(policy);
         let lock_left = self.locked_until_ms.saturating_sub(now_ms);
         let consume = policy.on_over_limit == OnOverLimit::Consume;
@@ -137,12 +164,11 @@ impl Bucket {
         }
         if lock_left > 0 {
             let booked = consume
-                && with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, true))
+                && with_counter!(&mut self.counter, c => c.check_spent(&params, now_ms, cost, true, spread_ms))
                     .booked;
             return denied(lock_left, booked);
         }
-        let mut verdict =
-            with_counter!(&mut self.counter, c => c.check(&params, now_ms, cost, consume));
+        let mut verdict = with_counter!(&mut self.counter, c => c.check_spent(&params, now_ms, cost, consume, spread_ms));
         let lockout_ms = policy.lockout_ms() as i64;
         if !verdict.allowed && lockout_ms > 0 {
             self.locked_until_ms = now_ms.saturating_add(lockout_ms);

@@ -14,6 +14,12 @@
 //!   `floor((C - u1) / U)`, R = `ceil(u1 / λ)` (until empty again). OVER: remaining 0,
 //!   R = `ceil((u0 + n*U - C) / λ)` (until this request would fit); under `consume` store
 //!   `{min(u0 + n*U, 2^53), now}`, else no write.
+//! - a cost spent over the `s` ms before now (a quota report, `s` at most [`MAX_SPREAD_MS`])
+//!   is booked from its start: `a = (u decayed to max(t, now - s))`, `u0' = a + n*U - (now -
+//!   max(t, now - s)) * λ`, and the check above runs with `u0'` for `u0 + n*U`, and 0 for the
+//!   level when `u0'` is negative; a cost over `B` may fit. It is what requests spread evenly
+//!   over that time would have left (the level rises or falls linearly between the two
+//!   instants). Time before `t` is not credited: a booking made since is never leaked.
 //! - peek: allowed iff `u0 + U <= C`; remaining `floor(max(0, C - u0) / U)`;
 //!   R = `ceil(u0 / λ)` when allowed, else `ceil((u0 + U - C) / λ)`; no write.
 //! - refund `(cost, booked_at)`: give back `r = min(u0, max(0, cost*U - leaked))` where
@@ -34,6 +40,10 @@
 
 use super::{Counter, MAX_COUNT, Params, Verdict, instant, reset};
 use crate::rules::gcd;
+
+/// Longest spread a charge may claim (an hour, the longest reporting interval the quota
+/// service learns): it keeps the leak of the spread below 2^53 for every policy.
+pub const MAX_SPREAD_MS: u64 = 3_600_000;
 
 /// GCRA level of one bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,15 +96,35 @@ impl TokenBucket {
 
 impl Counter for TokenBucket {
     fn check(&mut self, params: &Params, now_ms: i64, cost: u64, book_on_deny: bool) -> Verdict {
+        self.check_spent(params, now_ms, cost, book_on_deny, 0)
+    }
+
+    fn check_spent(
+        &mut self,
+        params: &Params,
+        now_ms: i64,
+        cost: u64,
+        book_on_deny: bool,
+        spread_ms: u64,
+    ) -> Verdict {
         let over = |reset_ms, booked| Verdict::denied(reset_ms, booked);
         let Some(scale) = Scale::of(params) else {
             return over(0, false);
         };
         let level = self.level_at(&scale, now_ms);
-        if cost > params.burst && !book_on_deny {
+        if cost > params.burst && !book_on_deny && spread_ms == 0 {
             return over(scale.drain_ms(level), false);
         }
-        let needed = level + u128::from(cost) * scale.unit;
+        let needed = if spread_ms == 0 {
+            level + u128::from(cost) * scale.unit
+        } else {
+            // Booked at the spread's start (never before the latest write), leaked since.
+            let start = (now_ms - spread_ms.min(MAX_SPREAD_MS) as i64)
+                .max(self.updated_ms)
+                .min(now_ms);
+            let leaked = (now_ms - start) as u128 * scale.leak;
+            (self.level_at(&scale, start) + u128::from(cost) * scale.unit).saturating_sub(leaked)
+        };
         if needed <= scale.capacity {
             self.level = u64::try_from(needed).unwrap_or(u64::MAX);
             self.updated_ms = now_ms;

@@ -34,10 +34,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Backend, BackendError, BucketKey, Group, Outcome, Refund, roll_back};
+use super::{Backend, BackendError, BucketKey, Charge, Group, Outcome, Refund, roll_back};
 use crate::algorithm::Bucket;
 use crate::clock::{Clock, SystemClock};
-use crate::rules::Policy;
 
 /// Default cap on live buckets: about 115 MB of resident state when full.
 pub const DEFAULT_CAPACITY: usize = 1_000_000;
@@ -212,7 +211,7 @@ impl MemoryBackend {
             .map(|item| {
                 let charge = &item.charge;
                 let shard = locked_shard(&mut locked, &charge.bucket);
-                let verdict = shard.decide(charge.bucket, &charge.policy, now_ms, charge.cost);
+                let verdict = shard.decide(charge, now_ms);
                 Outcome {
                     allowed: verdict.allowed,
                     remaining: verdict.remaining,
@@ -252,13 +251,11 @@ fn locked_shard<'a>(
 }
 
 impl Shard {
-    fn decide(
-        &mut self,
-        key: BucketKey,
-        policy: &Policy,
-        now_ms: i64,
-        cost: u64,
-    ) -> crate::algorithm::Verdict {
+    fn decide(&mut self, charge: &Charge, now_ms: i64) -> crate::algorithm::Verdict {
+        let (key, policy) = (charge.bucket, &charge.policy);
+        let decide = |bucket: &mut Bucket| {
+            bucket.decide_spent(policy, now_ms, charge.cost, charge.spread_ms)
+        };
         if let Some(&at) = self.index.get(&key) {
             let slot = &mut self.slots[at as usize];
             let before = slot.bucket.size();
@@ -266,7 +263,7 @@ impl Shard {
                 slot.bucket = Bucket::new(policy.algorithm);
                 self.refunds.remove(&key);
             }
-            let verdict = slot.bucket.decide(policy, now_ms, cost);
+            let verdict = decide(&mut slot.bucket);
             slot.expires_at_ms = slot.bucket.expires_at_ms(policy);
             let after = slot.bucket.size();
             self.size = self.size - before + after;
@@ -276,7 +273,7 @@ impl Shard {
             return verdict;
         }
         let mut bucket = Bucket::new(policy.algorithm);
-        let verdict = bucket.decide(policy, now_ms, cost);
+        let verdict = decide(&mut bucket);
         let expires_at_ms = bucket.expires_at_ms(policy);
         // A bucket that is still empty (peek, rejected denial) need not be stored at all.
         if expires_at_ms > now_ms {
@@ -416,9 +413,8 @@ impl Backend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Charge;
     use crate::clock::ManualClock;
-    use crate::rules::{Algorithm, OnOverLimit, Unit};
+    use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
     use std::time::Duration;
 
     const NOW: i64 = 1_700_000_000_000;
@@ -443,6 +439,7 @@ mod tests {
             bucket: key(i),
             policy,
             cost,
+            spread_ms: 0,
         }
     }
 

@@ -37,6 +37,10 @@ pub struct Charge {
     pub policy: Policy,
     /// `n`: the cost; 0 is a peek that changes nothing.
     pub cost: u64,
+    /// The ms before now over which the cost was spent (a quota report's `time_elapsed`),
+    /// 0 for requests decided now. A token bucket books such a cost from its start
+    /// (docs/algorithms.md#token-bucket); the other algorithms ignore it.
+    pub spread_ms: u64,
 }
 
 /// What one charge decided, in the backend's own clock.

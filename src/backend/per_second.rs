@@ -183,6 +183,7 @@ mod tests {
                 bucket: BucketKey::new("d", name, [], &policy),
                 policy,
                 cost: 1,
+                spread_ms: 0,
             },
             weight: Weight::default(),
         }

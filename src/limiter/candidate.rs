@@ -126,6 +126,7 @@ pub(super) async fn decide(
                 bucket: trial.bucket,
                 policy: trial.policy,
                 cost: trial.cost,
+                spread_ms: 0,
             },
             weight: Weight::default(),
         })

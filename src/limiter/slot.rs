@@ -44,6 +44,7 @@ impl Limited {
                 bucket: self.bucket,
                 policy: self.policy,
                 cost: self.cost,
+                spread_ms: 0,
             },
             weight: self.weight,
         }

@@ -51,6 +51,27 @@ pub struct Reading {
     pub total_demand: u64,
 }
 
+/// What a bucket's reports carried that the backend has not yet booked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Allowed requests, for the bucket.
+    pub allowed: u64,
+    /// Allowed and denied requests, for the demand counter.
+    pub demand: u64,
+    /// The time the reports covered (`time_elapsed`): a token bucket books `allowed` as
+    /// spent over it.
+    pub over: Duration,
+}
+
+impl Pending {
+    /// Adds one report's counts, each up to `most`.
+    pub fn add(&mut self, allowed: u64, demand: u64, over: Duration, most: u64) {
+        self.allowed = self.allowed.saturating_add(allowed).min(most);
+        self.demand = self.demand.saturating_add(demand).min(most);
+        self.over = self.over.saturating_add(over);
+    }
+}
+
 /// Books reports and reads budgets through the limiter, as ShouldRateLimit's charges go.
 #[derive(Clone)]
 pub struct Ledger {
@@ -63,10 +84,10 @@ impl Ledger {
         Ledger { limiter }
     }
 
-    /// Books `allowed` requests into the bucket, saturating at its limit: they already
-    /// happened, so they are neither refused nor refunded, and never push the bucket into
-    /// debt. Books `demand` into the demand counter. `allowed = demand = 0` only reads.
-    /// Every backend call is made for `caller`.
+    /// Books `pending.allowed` requests into the bucket, saturating at its limit: they
+    /// already happened, so they are neither refused nor refunded, and never push the
+    /// bucket into debt. Books `pending.demand` into the demand counter. Nothing pending
+    /// only reads. Every backend call is made for `caller`.
     ///
     /// # Errors
     /// The backend failed, timed out or refused the work; nothing is known about what was
@@ -74,10 +95,13 @@ impl Ledger {
     pub async fn book(
         &self,
         quota: &QuotaBucket,
-        allowed: u64,
-        demand: u64,
+        pending: Pending,
         caller: Caller,
     ) -> Result<Reading, BackendError> {
+        let Pending {
+            allowed, demand, ..
+        } = pending;
+        let spread_ms = u64::try_from(pending.over.as_millis()).unwrap_or(u64::MAX);
         let call = |charges: Vec<Charge>| async move {
             self.limiter.quota_charges(&charges, caller).await
         };
@@ -91,7 +115,11 @@ impl Ledger {
         // A lockout rule starts its lock on a denial, so never try what may not fit.
         let direct = allowed > 0 && quota.policy.lockout.is_none();
         let first = if direct { allowed } else { 0 };
-        let outcomes = call(vec![self.charge(quota, first), self.demand(quota, demand)]).await?;
+        let outcomes = call(vec![
+            self.charge(quota, first, spread_ms),
+            self.demand(quota, demand),
+        ])
+        .await?;
         let total_demand = counted(outcomes[1].remaining);
         let mut state = outcomes[0];
         // Whether `state` is a peek (it then says whether one more fits, and when it will).
@@ -102,7 +130,7 @@ impl Ledger {
                 break;
             }
             if !peeked {
-                state = call(vec![self.charge(quota, 0)]).await?[0];
+                state = call(vec![self.charge(quota, 0, 0)]).await?[0];
                 peeked = true;
             }
             let fits = left.min(state.remaining);
@@ -110,7 +138,7 @@ impl Ledger {
                 break;
             }
             // Others may have booked since the peek; then peek again.
-            let booked = call(vec![self.charge(quota, fits)]).await?[0];
+            let booked = call(vec![self.charge(quota, fits, spread_ms)]).await?[0];
             peeked = false;
             if booked.allowed {
                 left -= fits;
@@ -120,7 +148,7 @@ impl Ledger {
         // A booking's reset is not "until one more fits"; a spent bucket needs that one.
         let open = state.allowed && state.remaining > 0;
         if !peeked && !open {
-            state = call(vec![self.charge(quota, 0)]).await?[0];
+            state = call(vec![self.charge(quota, 0, 0)]).await?[0];
         }
         Ok(Reading {
             budget: budget(&state),
@@ -130,8 +158,9 @@ impl Ledger {
 
     /// A charge that books only what fits, whatever the rule's accounting: a `consume`
     /// rule booking a report whole would go into debt (a 10-an-hour bucket denied for
-    /// 3,960 s instead of 360 s), which [`Ledger::book`] never does.
-    fn charge(&self, quota: &QuotaBucket, cost: u64) -> Charge {
+    /// 3,960 s instead of 360 s), which [`Ledger::book`] never does. `spread_ms`: the time
+    /// the cost was spent over.
+    fn charge(&self, quota: &QuotaBucket, cost: u64, spread_ms: u64) -> Charge {
         Charge {
             bucket: quota.bucket,
             policy: Policy {
@@ -139,6 +168,7 @@ impl Ledger {
                 ..quota.policy
             },
             cost,
+            spread_ms,
         }
     }
 
@@ -147,6 +177,7 @@ impl Ledger {
             bucket: quota.demand,
             policy: demand_policy(),
             cost,
+            spread_ms: 0,
         }
     }
 }
@@ -232,6 +263,15 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket, on_over_limit: consume}
 ";
 
+    /// Counts reported with no time covered.
+    fn at_once(allowed: u64, demand: u64) -> Pending {
+        Pending {
+            allowed,
+            demand,
+            over: Duration::ZERO,
+        }
+    }
+
     /// A ledger on a memory backend whose clock reads one second into an hour.
     fn fixture() -> (Ledger, Arc<Limiter>) {
         let clock = Arc::new(ManualClock::new(3_600_000 * 500_000 + 1000));
@@ -258,10 +298,13 @@ descriptors:
     async fn reports_book_up_to_the_limit_and_never_past_it() {
         let (ledger, limiter) = fixture();
         let window = quota(&limiter, "window");
-        let some = ledger.book(&window, 4, 4, Caller::default()).await.unwrap();
+        let some = ledger
+            .book(&window, at_once(4, 4), Caller::default())
+            .await
+            .unwrap();
         assert_eq!((some.budget.open, some.budget.remaining), (true, 6));
         let spent = ledger
-            .book(&window, 100, 100, Caller::default())
+            .book(&window, at_once(100, 100), Caller::default())
             .await
             .unwrap();
         assert_eq!((spent.budget.open, spent.budget.remaining), (false, 0));
@@ -270,7 +313,7 @@ descriptors:
         // refill period (6 minutes at 10 an hour), not after 9 hours.
         let tokens = quota(&limiter, "tokens");
         let empty = ledger
-            .book(&tokens, 100, 0, Caller::default())
+            .book(&tokens, at_once(100, 0), Caller::default())
             .await
             .unwrap();
         assert!(!empty.budget.open);
@@ -282,7 +325,7 @@ descriptors:
         let (ledger, limiter) = fixture();
         let consumed = quota(&limiter, "consumed");
         let empty = ledger
-            .book(&consumed, 100, 0, Caller::default())
+            .book(&consumed, at_once(100, 0), Caller::default())
             .await
             .unwrap();
         assert!(!empty.budget.open);
@@ -294,7 +337,10 @@ descriptors:
     async fn booking_past_a_lockout_rule_does_not_start_its_lock() {
         let (ledger, limiter) = fixture();
         let locked = quota(&limiter, "locked");
-        let spent = ledger.book(&locked, 5, 5, Caller::default()).await.unwrap();
+        let spent = ledger
+            .book(&locked, at_once(5, 5), Caller::default())
+            .await
+            .unwrap();
         assert!(!spent.budget.open);
         // Denied until the window ends, not for the 600 s lockout.
         assert_eq!(spent.budget.reset, Duration::from_secs(3599));
@@ -306,7 +352,7 @@ descriptors:
         let window = quota(&limiter, "window");
         assert_eq!(
             ledger
-                .book(&window, 0, 5, Caller::default())
+                .book(&window, at_once(0, 5), Caller::default())
                 .await
                 .unwrap()
                 .total_demand,
@@ -314,14 +360,17 @@ descriptors:
         );
         assert_eq!(
             ledger
-                .book(&window, 0, 7, Caller::default())
+                .book(&window, at_once(0, 7), Caller::default())
                 .await
                 .unwrap()
                 .total_demand,
             12
         );
         // A read books nothing.
-        let read = ledger.book(&window, 0, 0, Caller::default()).await.unwrap();
+        let read = ledger
+            .book(&window, at_once(0, 0), Caller::default())
+            .await
+            .unwrap();
         assert_eq!((read.total_demand, read.budget.remaining), (12, 10));
     }
 

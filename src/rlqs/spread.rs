@@ -18,8 +18,11 @@ use crate::rules::{Algorithm, Policy};
 /// - fixed window: the part inside the current window; the rest fell in windows gone;
 /// - sliding window: the part inside the current window, plus the part inside the previous
 ///   one at the weight the previous window still has now;
-/// - token bucket and sliding log: everything, now. Booking late only makes them stricter:
-///   a token bucket leaks what it holds and a log forgets entries, both from the booking on.
+/// - token bucket: everything, which the backend books from the report's start
+///   (`Charge::spread_ms`): it leaks from then, as it would have with the requests one by
+///   one;
+/// - sliding log: everything, now. Booking late only makes it stricter: a log forgets
+///   entries from the booking on.
 pub fn booked_now(policy: &Policy, allowed: u64, elapsed: Duration, now_ms: i64) -> u64 {
     let window = i128::from(policy.window_ms().max(1));
     let spread = i128::try_from(elapsed.as_millis()).unwrap_or(i128::MAX);

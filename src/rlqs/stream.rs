@@ -27,7 +27,7 @@ use crate::rules::Policy;
 use super::RlqsSettings;
 use super::assign::{self, Assignment, Share, Strategy};
 use super::bounds::{BucketBounds, Holding};
-use super::ledger::{self, Ledger, OwnDemand};
+use super::ledger::{self, Ledger, OwnDemand, Pending};
 use super::spread;
 use super::validate::{self, BadBucket, BucketPairs, InvalidMessage, Usage};
 use super::wire;
@@ -81,10 +81,8 @@ struct Tracked {
     interval: Duration,
     /// The latest report with any demand (or the bucket's first).
     last_demand: Instant,
-    /// Allowed requests reported but not yet booked (the backend failed).
-    unbooked: u64,
-    /// Demand (allowed + denied) reported but not yet recorded in the backend.
-    unbooked_demand: u64,
+    /// Reported, not yet booked (the backend failed, or the booking was shed).
+    unbooked: Pending,
     own: OwnDemand,
     own_count: u64,
     /// Demand a second, as its latest report that covered any time says.
@@ -298,7 +296,6 @@ impl Stream {
             return Ok(at);
         };
         let booked = spread::booked_now(&quota.policy, usage.allowed, usage.elapsed, now_ms);
-        bucket.unbooked = bucket.unbooked.saturating_add(booked).min(MAX_PENDING);
         // Capped at the limit's rate, then spread like the requests.
         let cap = demand_cap(&quota.policy, usage.elapsed);
         let demand = demand.min(cap);
@@ -308,10 +305,9 @@ impl Stream {
             bucket.admitted_rate = usage.allowed.min(cap) as f64 / seconds;
         }
         let demand = spread::booked_now(&ledger::demand_policy(), demand, usage.elapsed, now_ms);
-        bucket.unbooked_demand = bucket
-            .unbooked_demand
-            .saturating_add(demand)
-            .min(MAX_PENDING);
+        bucket
+            .unbooked
+            .add(booked, demand, usage.elapsed, MAX_PENDING);
         bucket.own_count = bucket.own.add(demand, now_ms);
         Ok(at)
     }
@@ -332,8 +328,7 @@ impl Stream {
             rule,
             interval: DEFAULT_INTERVAL,
             last_demand: now,
-            unbooked: 0,
-            unbooked_demand: 0,
+            unbooked: Pending::default(),
             own: OwnDemand::default(),
             own_count: 0,
             demand_rate: 0.0,
@@ -439,11 +434,9 @@ impl Stream {
                 let bucket = &buckets[at];
                 match &bucket.rule {
                     QuotaRule::Unlimited => None,
-                    QuotaRule::Limited(quota) => Some(
-                        ledger
-                            .book(quota, bucket.unbooked, bucket.unbooked_demand, caller)
-                            .await,
-                    ),
+                    QuotaRule::Limited(quota) => {
+                        Some(ledger.book(quota, bucket.unbooked, caller).await)
+                    }
                 }
             })
             .collect();
@@ -474,8 +467,7 @@ impl Stream {
         let mut refill = None;
         let next = match (&bucket.rule, reading) {
             (QuotaRule::Limited(quota), Some(Ok(reading))) => {
-                bucket.unbooked = 0;
-                bucket.unbooked_demand = 0;
+                bucket.unbooked = Pending::default();
                 if quota.shadow {
                     Assignment {
                         strategy: Strategy::AllowAll,
@@ -587,8 +579,7 @@ mod tests {
             rule: QuotaRule::Unlimited,
             interval: DEFAULT_INTERVAL,
             last_demand: now,
-            unbooked: 0,
-            unbooked_demand: 0,
+            unbooked: Pending::default(),
             own: OwnDemand::default(),
             own_count: 0,
             demand_rate: 0.0,
@@ -688,11 +679,14 @@ mod tests {
         drop(admission.admit(1, Some(&fresh), None));
         stream.report(report(0)).await.unwrap();
         let bucket = &stream.buckets[0];
-        assert_eq!((bucket.unbooked, bucket.sent.is_some()), (0, true));
+        assert_eq!((bucket.unbooked.allowed, bucket.sent.is_some()), (0, true));
         let QuotaRule::Limited(quota) = &bucket.rule else {
             panic!("limited")
         };
-        let read = stream.shared.ledger.book(quota, 0, 0, Caller::default());
+        let read = stream
+            .shared
+            .ledger
+            .book(quota, Pending::default(), Caller::default());
         assert_eq!(read.await.unwrap().budget.remaining, 6);
     }
 

@@ -22,8 +22,8 @@ fn every_vector_holds_on_the_rust_algorithms() {
         for (i, step) in case.steps.iter().enumerate() {
             let before = bucket.clone();
             let mut seen = match step.action {
-                Action::Charge(cost) => {
-                    let v = bucket.decide(&case.policy, step.at_ms, cost);
+                Action::Charge { cost, spread_ms } => {
+                    let v = bucket.decide_spent(&case.policy, step.at_ms, cost, spread_ms);
                     Observed {
                         allowed: Some(v.allowed),
                         remaining: Some(v.remaining),

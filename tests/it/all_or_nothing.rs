@@ -27,6 +27,7 @@ fn item(policy: Policy, value: &str, cost: u64, weight: Weight) -> Item {
             bucket: BucketKey::new("d", "k", [("k", value)], &policy),
             policy,
             cost,
+            spread_ms: 0,
         },
         weight,
     }

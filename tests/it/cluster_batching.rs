@@ -30,6 +30,7 @@ fn charge(policy: Policy, value: &str) -> Charge {
         bucket: BucketKey::new("batching", "r", [("k", value)], &policy),
         policy,
         cost: 1,
+        spread_ms: 0,
     }
 }
 

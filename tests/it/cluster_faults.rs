@@ -68,6 +68,7 @@ fn charge(value: &str) -> Charge {
         bucket: BucketKey::new("faults", "user", [("user", value)], &policy),
         policy,
         cost: 1,
+        spread_ms: 0,
     }
 }
 

@@ -144,6 +144,7 @@ async fn conforms(
                     bucket,
                     policy,
                     cost: COSTS[rng.below(COSTS.len() as u64) as usize],
+                    spread_ms: 0,
                 }
             })
             .collect();

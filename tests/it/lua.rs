@@ -71,9 +71,9 @@ fn eval(conn: &mut Connection, lua: &Lua, key: &str, argv: Argv) -> Vec<i64> {
         .unwrap()
 }
 
-/// `charge n` under `policy`.
-fn charge(conn: &mut Connection, scripts: &Lua, key: &str, n: u64, policy: Policy) -> Reply {
-    let v = eval(conn, scripts, key, Argv::charge(n, policy));
+/// The charge of `argv`.
+fn charge(conn: &mut Connection, scripts: &Lua, key: &str, argv: Argv) -> Reply {
+    let v = eval(conn, scripts, key, argv);
     assert_eq!(v.len(), 5, "{v:?}");
     assert!(v[0] == 0 || v[0] == 1);
     assert!(v[4] == 0 || v[4] == 1);
@@ -163,8 +163,8 @@ fn every_vector_holds(
             clock.set(step.at_ms);
             let before = writes(server);
             let (mut seen, refund_changed) = match step.action {
-                Action::Charge(cost) => {
-                    let r = charge(conn, scripts, &key, cost, policy);
+                Action::Charge { cost, spread_ms } => {
+                    let r = charge(conn, scripts, &key, Argv::spent(cost, policy, spread_ms));
                     assert_eq!(r.now_ms, step.at_ms, "{context}: the pinned time");
                     let seen = Observed {
                         allowed: Some(r.allowed),
@@ -227,7 +227,7 @@ fn every_write_sets_a_ttl(conn: &mut Connection, scripts: &Lua) {
                 lockout: Some(Duration::from_millis(lockout)).filter(|_| lockout > 0),
                 ..p
             };
-            let r = charge(conn, scripts, &key, n, step);
+            let r = charge(conn, scripts, &key, Argv::charge(n, step));
             if r.booked {
                 booked_at.push((n, r.now_ms));
             }
@@ -267,12 +267,12 @@ fn sliding_log_drops_members_that_left_the_window() {
     );
     let p = policy(Algorithm::SlidingLog, 5, Unit::Minute);
     let key = "fg:{log}";
-    assert!(charge(&mut conn, &scripts, key, 2, p).allowed);
+    assert!(charge(&mut conn, &scripts, key, Argv::charge(2, p)).allowed);
     clock.set(START + 10_000);
     let old = START + 10_000 - 60_000;
     let _: () = conn.zadd(key, format!("{old}:1"), old).unwrap();
     let _: f64 = conn.zincr(key, "total", -1).unwrap();
-    let g = charge(&mut conn, &scripts, key, 0, p);
+    let g = charge(&mut conn, &scripts, key, Argv::charge(0, p));
     assert_eq!(g.remaining, 3);
     let gone: Option<f64> = conn.zscore(key, format!("{old}:1")).unwrap();
     assert_eq!(gone, None);
@@ -414,6 +414,7 @@ async fn hostile_values_get_distinct_keys_spread_over_the_cluster() {
             bucket: BucketKey::new("api", "user", [("user", v.as_str())], &policy),
             policy,
             cost: 1,
+            spread_ms: 0,
         })
         .collect();
     let outcomes = backend.charge(&charges).await.unwrap();
@@ -470,6 +471,7 @@ async fn a_flush_mid_run_is_reloaded_without_a_failed_decision_or_double_booking
                     bucket: BucketKey::new("api", "flush", [("k", value.as_str())], &policy(a)),
                     policy: policy(a),
                     cost: 1,
+                    spread_ms: 0,
                 })
                 .collect()
         };
@@ -547,8 +549,8 @@ fn sliding_log_keeps_one_member_per_booking_whatever_its_cost() {
     let scripts = Lua::load(&mut conn, ScriptSet::new(), Scripting::Functions);
     let p = policy(Algorithm::SlidingLog, 10_000, Unit::Minute);
     let key = "fg:{big-log}";
-    assert!(charge(&mut conn, &scripts, key, 9_999, p).allowed);
-    assert!(charge(&mut conn, &scripts, key, 1, p).allowed);
+    assert!(charge(&mut conn, &scripts, key, Argv::charge(9_999, p)).allowed);
+    assert!(charge(&mut conn, &scripts, key, Argv::charge(1, p)).allowed);
     // One member per booking (two here, or one when both came in the same ms) and the total.
     let members: u64 = conn.zcard(key).unwrap();
     assert!(members <= 3, "{members} members");
@@ -563,7 +565,7 @@ fn sliding_log_memory_does_not_grow_with_the_cost() {
     let key = "fg:{log-memory}";
     let p = policy(Algorithm::SlidingLog, 10_000, Unit::Hour);
     let scripts = Lua::load(&mut conn, ScriptSet::new(), Scripting::Functions);
-    let booked = charge(&mut conn, &scripts, key, 10_000, p);
+    let booked = charge(&mut conn, &scripts, key, Argv::charge(10_000, p));
     assert!(booked.allowed && booked.booked);
     let bytes: u64 = redis::cmd("MEMORY")
         .arg("USAGE")
@@ -587,6 +589,7 @@ async fn refund_applies_once(backend: &dyn Backend) {
             bucket,
             policy,
             cost: 2,
+            spread_ms: 0,
         };
         let first = backend.charge(std::slice::from_ref(&charge)).await.unwrap()[0];
         let second = backend.charge(std::slice::from_ref(&charge)).await.unwrap()[0];
@@ -634,13 +637,16 @@ fn a_log_over_a_lowered_limit_waits_for_the_newest() {
         );
         clock.set(START);
         for _ in 0..10 {
-            assert!(charge(&mut conn, &lua, &key, 1, ten).allowed);
+            assert!(charge(&mut conn, &lua, &key, Argv::charge(1, ten)).allowed);
             clock.advance(1);
         }
-        let denied = charge(&mut conn, &lua, &key, 1, five);
+        let denied = charge(&mut conn, &lua, &key, Argv::charge(1, five));
         assert_eq!((denied.allowed, denied.reset_ms), (false, 59_999));
-        assert_eq!(charge(&mut conn, &lua, &key, 0, five).reset_ms, 59_999);
-        let exact = charge(&mut conn, &lua, &key, 1, ten);
+        assert_eq!(
+            charge(&mut conn, &lua, &key, Argv::charge(0, five)).reset_ms,
+            59_999
+        );
+        let exact = charge(&mut conn, &lua, &key, Argv::charge(1, ten));
         assert_eq!((exact.allowed, exact.reset_ms), (false, 59_990));
     }
 }

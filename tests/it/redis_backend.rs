@@ -35,6 +35,7 @@ fn charge(policy: Policy, value: &str, cost: u64) -> Charge {
         bucket: BucketKey::new("api", "user", [("user", value)], &policy),
         policy,
         cost,
+        spread_ms: 0,
     }
 }
 

@@ -41,6 +41,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 200}
   - key: minute
     rate_limit: {unit: minute, requests_per_unit: 120000}
+  - key: steady
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket}
   - key: tokens
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
   - key: free
@@ -397,6 +399,23 @@ async fn bookings_saturate_at_the_limit(server: &TestServer, value: &str) {
     assert!(reset.seconds <= 360, "{reset:?}");
 }
 
+/// A token bucket books a report from its start, as requests spread over its 5 s would
+/// have: 450 at 90/s leave a 100/s bucket nearly full for ShouldRateLimit, where booked at
+/// once they spent it (`DENY_ALL`, and OVER_LIMIT for the caller).
+async fn a_token_bucket_books_a_report_from_its_start(server: &TestServer, value: &str) {
+    let mut quota = Quota::open(server.grpc).await;
+    let reported = quota.report("web", &[("steady", value)], 450, 0).await;
+    assert!(matches!(reported, Kind::Tokens { .. }), "{reported:?}");
+    let mut client = server.client().await;
+    let answer = should_rate_limit(
+        &mut client,
+        request("web", vec![descriptor(&[("steady", value)])]),
+    )
+    .await;
+    assert_eq!(answer.overall_code, 1);
+    assert!(answer.statuses[0].limit_remaining >= 90, "{answer:?}");
+}
+
 /// Two streams (on the servers `a` and `b`) report the same demand for one bucket: the
 /// second gets about half the rate, and the first, once it reports again, is pushed down.
 async fn two_streams_split_one_budget(a: &TestServer, b: &TestServer, value: &str) {
@@ -421,6 +440,7 @@ async fn memory_serves_one_budget() {
     let server = TestServer::start(&[("web.yaml", RULES)]).await;
     rls_and_rlqs_spend_one_budget(&server, "m").await;
     bookings_saturate_at_the_limit(&server, "m").await;
+    a_token_bucket_books_a_report_from_its_start(&server, "m").await;
     two_streams_split_one_budget(&server, &server, "m").await;
     server.stop().await;
 }
@@ -433,6 +453,7 @@ async fn redis_replicas_serve_one_budget() {
     let b = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
     rls_and_rlqs_spend_one_budget(&a, "r").await;
     bookings_saturate_at_the_limit(&b, "r").await;
+    a_token_bucket_books_a_report_from_its_start(&a, "r").await;
     two_streams_split_one_budget(&a, &b, "r").await;
     a.stop().await;
     b.stop().await;
@@ -446,6 +467,7 @@ async fn cluster_replicas_serve_one_budget() {
     let b = TestServer::start_with(&[("web.yaml", RULES)], on_cluster(&cluster)).await;
     rls_and_rlqs_spend_one_budget(&a, "c").await;
     bookings_saturate_at_the_limit(&b, "c").await;
+    a_token_bucket_books_a_report_from_its_start(&b, "c").await;
     two_streams_split_one_budget(&a, &b, "c").await;
     a.stop().await;
     b.stop().await;

@@ -8,15 +8,18 @@ use redis::{Cmd, RedisError, RedisWrite, ToRedisArgs, Value};
 
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via, batch_index};
-use crate::algorithm::sliding_log;
+use crate::algorithm::{sliding_log, token_bucket};
 use crate::backend::{BackendError, BucketKey, Charge, Group, Item, Outcome, Refund};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
 
-/// What an algorithm script call does (ARGV[1], and ARGV[8..=9] of a refund).
+/// What an algorithm script call does (ARGV[1], and ARGV[8..=9]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Decide a charge of the cost (0: a peek).
-    Charge,
+    Charge {
+        /// The ms before now over which the cost was spent (`Charge::spread_ms`).
+        spread_ms: u64,
+    },
     /// Give back the cost of a booking.
     Refund {
         /// The `now_ms` that the charge being undone replied.
@@ -28,7 +31,7 @@ pub enum Op {
 
 /// The ARGV of one algorithm script call. Its `ToRedisArgs` writes the words in the order
 /// of the script headers (lua/fixed_window.lua): op, n, W, L, B, consume, lockout,
-/// booked_at, refund id (0 and 0 for a charge). The backends and the tests build every
+/// booked_at (a charge: its spread), refund id (0 for a charge). The backends and the tests build every
 /// call from it, so that order is written once in Rust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Argv {
@@ -43,8 +46,13 @@ pub struct Argv {
 impl Argv {
     /// A charge of `cost` (0: a peek).
     pub fn charge(cost: u64, policy: Policy) -> Argv {
+        Argv::spent(cost, policy, 0)
+    }
+
+    /// A charge of `cost` spent over the `spread_ms` before now.
+    pub fn spent(cost: u64, policy: Policy, spread_ms: u64) -> Argv {
         Argv {
-            op: Op::Charge,
+            op: Op::Charge { spread_ms },
             cost,
             policy,
         }
@@ -86,6 +94,12 @@ fn policy_args(policy: &Policy) -> [u64; 5] {
     ]
 }
 
+/// A charge's spread as the scripts take it: at most `MAX_SPREAD_MS`, so that no script
+/// computes a leak past 2^53.
+fn spread_word(spread_ms: u64) -> i64 {
+    spread_ms.min(token_bucket::MAX_SPREAD_MS) as i64
+}
+
 impl ToRedisArgs for Argv {
     // Numbers are written straight into the command buffer: no string per argument.
     fn write_redis_args<W>(&self, out: &mut W)
@@ -93,7 +107,7 @@ impl ToRedisArgs for Argv {
         W: ?Sized + RedisWrite,
     {
         let (op, booked_at_ms, id) = match self.op {
-            Op::Charge => ("charge", 0, 0),
+            Op::Charge { spread_ms } => ("charge", spread_word(spread_ms), 0),
             Op::Refund { booked_at_ms, id } => ("refund", booked_at_ms, id),
         };
         op.write_redis_args(out);
@@ -122,7 +136,7 @@ impl Call {
     pub(crate) fn charge(charge: &Charge, prefix: &str) -> Call {
         Call {
             key: charge.bucket.redis_key(prefix),
-            argv: Argv::charge(charge.cost, charge.policy),
+            argv: Argv::spent(charge.cost, charge.policy, charge.spread_ms),
         }
     }
 
@@ -172,8 +186,8 @@ struct ItemWords {
 }
 
 /// An entry of the batch script's policy table: `algorithm quota shadow W L B consume
-/// lockout`. Items of one rule share it, so a batch sends it once.
-type PolicyWords = [u64; 8];
+/// lockout spread`. Items of one rule (and spread) share it, so a batch sends it once.
+type PolicyWords = [u64; 9];
 
 impl GroupWords {
     /// The words of `group`.
@@ -218,6 +232,7 @@ impl GroupWords {
                         b,
                         consume,
                         lockout,
+                        spread_word(charge.spread_ms) as u64,
                     ],
                     cost: charge.cost,
                 }
@@ -488,6 +503,7 @@ mod tests {
                 bucket,
                 policy,
                 cost: 3,
+                spread_ms: 0,
             },
             "fg",
         );
@@ -518,6 +534,7 @@ mod tests {
             bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
             policy,
             cost: 1,
+            spread_ms: 0,
         };
         let call = Call::charge(&charge, "fg");
         let on_time = words(&call.command(&real, Via::Sha));
@@ -577,6 +594,7 @@ mod tests {
             bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
             policy,
             cost: 1,
+            spread_ms: 0,
         };
         let group = GroupWords::new(&Group::independent(std::slice::from_ref(&charge)));
         let (across, numbers) =
@@ -594,6 +612,7 @@ mod tests {
             bucket: BucketKey::new("d", "r", [("k", value)], &policy),
             policy,
             cost,
+            spread_ms: 0,
         };
         let item = |value, cost, quota, shadow| crate::backend::Item {
             charge: charge(value, cost),
@@ -640,6 +659,7 @@ mod tests {
                 bucket: BucketKey::new("d", "r", [("k", value)], &policy),
                 policy,
                 cost: 1,
+                spread_ms: 0,
             },
             weight: crate::backend::Weight {
                 quota,
@@ -671,6 +691,7 @@ mod tests {
             bucket: BucketKey::new("d", "r", [("k", "v")], &policy),
             policy,
             cost,
+            spread_ms: 0,
         };
         let work = |charges: &[Charge]| GroupWords::new(&Group::independent(charges)).work();
         assert_eq!(work(&[charge(fixed, 9_000)]), 1);
@@ -740,7 +761,7 @@ mod tests {
     #[test]
     fn a_batch_sends_each_policy_once_however_many_there_are() {
         let mut table = PolicyTable::default();
-        let words = |i: u64| [1, 0, 0, 1000, i, i, 0, 0];
+        let words = |i: u64| [1, 0, 0, 1000, i, i, 0, 0, 0];
         let first: Vec<u64> = (0..20).map(|i| table.number(words(i))).collect();
         assert_eq!(first, (1..=20).collect::<Vec<_>>());
         let again: Vec<u64> = (0..20).rev().map(|i| table.number(words(i))).collect();

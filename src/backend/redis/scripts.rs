@@ -60,7 +60,7 @@ macro_rules! algorithm {
         concat!(
             "(function()\nlocal ALGORITHM = '",
             $name,
-            "'\nlocal key, op, n, W, L, B, consume, lockout, refund_id, booked_at\n",
+            "'\nlocal key, op, n, W, L, B, consume, lockout, refund_id, booked_at, spread\n",
             include_str!(concat!("../../../lua/", $name, ".lua")),
             "return function(KEYS, ARGV)\n",
             include_str!("../../../lua/prelude.lua"),

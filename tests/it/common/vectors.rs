@@ -27,8 +27,8 @@ pub struct Step {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Action {
-    /// A charge of this cost (0: a peek).
-    Charge(u64),
+    /// A charge of `cost` (0: a peek), spent over the `spread_ms` before it (0: now).
+    Charge { cost: u64, spread_ms: u64 },
     /// A refund of `cost` booked at `booked_at_ms`.
     Refund { cost: u64, booked_at_ms: i64 },
 }
@@ -134,6 +134,8 @@ struct PolicySpec {
 struct StepSpec {
     at: i64,
     cost: Option<u64>,
+    #[serde(default)]
+    spread: u64,
     refund: Option<u64>,
     booked_at: Option<i64>,
     allowed: Option<bool>,
@@ -198,7 +200,10 @@ fn policy(algorithm: Algorithm, spec: &PolicySpec, name: &str) -> Policy {
 impl StepSpec {
     fn resolve(&self, start: i64, name: &str) -> Step {
         let action = match (self.cost, self.refund, self.booked_at) {
-            (Some(cost), None, None) => Action::Charge(cost),
+            (Some(cost), None, None) => Action::Charge {
+                cost,
+                spread_ms: self.spread,
+            },
             (None, Some(cost), Some(booked_at)) => Action::Refund {
                 cost,
                 booked_at_ms: start + booked_at,

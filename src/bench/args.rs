@@ -121,8 +121,9 @@ pub struct BenchArgs {
     /// With `--rlqs`: the rule's window; admitted counts are per epoch-aligned window.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub rlqs_window: Duration,
-    /// With `--rlqs`: windows starting within this time of the start are not counted
-    /// (Envoy's first reports and assignments take a few 5 s rounds).
+    /// With `--rlqs`: windows starting within this time of the start are not counted, nor
+    /// are the reports sent within it timed (Envoy's first reports and assignments take a
+    /// few 5 s rounds).
     #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
     pub rlqs_warmup: Duration,
     /// With `--rlqs`: what an Envoy does before its first assignment and after one expires.

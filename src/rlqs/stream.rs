@@ -462,6 +462,10 @@ impl Stream {
         let failure_mode = self.shared.limiter.failure_mode();
         let bucket = &mut self.buckets[at];
         let ttl = assign::ttl(bucket.interval);
+        let window = match &bucket.rule {
+            QuotaRule::Limited(quota) => Duration::from_millis(quota.policy.window_ms()),
+            QuotaRule::Unlimited => Duration::ZERO,
+        };
         bucket.next_look = None;
         // When a denial ends: the stream pushes the refill then.
         let mut refill = None;
@@ -507,7 +511,9 @@ impl Stream {
             },
         };
         let strategy = match bucket.sent {
-            Some(sent) if sent.expires > now && !assign::moved(&sent.strategy, &next.strategy) => {
+            Some(sent)
+                if sent.expires > now && !assign::moved(&sent.strategy, &next.strategy, window) =>
+            {
                 sent.strategy
             }
             Some(sent) => assign::distinct_for_envoy(&sent.strategy, next.strategy),

@@ -33,6 +33,9 @@ pub const LOWER_BY: f64 = 0.10;
 /// ...or at most this much higher. A wider upward band let two streams whose shares had
 /// dipped together settle below them for good: at 1.25 times under, 0.72 of the limit.
 pub const HIGHER_BY: f64 = 0.10;
+/// Windows over which a stream's excess over a lower rate is weighed against the tokens a
+/// change hands out.
+pub const EXCESS_WINDOWS: u32 = 3;
 /// An assignment lives this many reporting intervals unless refreshed, so one lost or late
 /// report never lets it expire.
 pub const TTL_INTERVALS: u32 = 3;
@@ -235,21 +238,37 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
     }
 }
 
-/// Whether `next` differs enough from the pushed `current` to push it: another kind of
-/// strategy, or a rate lower by more than [`LOWER_BY`] or higher by more than [`HIGHER_BY`]
-/// that also moves what the stream admits in one `window` of the rule by more than the
-/// `max_tokens` a change hands out. Otherwise the client keeps `current` (resent, so only
-/// its TTL moves): Envoy starts a changed token bucket full, which small moves do not earn.
-/// With 100 Envoys on 100 per 10 s, each stream's share is about one request a window, the
-/// noise of the shares moved it by more than 10% at most reports, and each change handed
-/// out one more token: 2.06 times the limit per window.
-pub fn moved(current: &Strategy, next: &Strategy, window: Duration) -> bool {
-    match (current.rate(), next.rate(), next) {
-        (Some(old), Some(new), Strategy::TokenBucket { max_tokens, .. }) => {
-            let banded = new < old * (1.0 - LOWER_BY) || new > old * (1.0 + HIGHER_BY);
-            banded && (new - old).abs() * window.as_secs_f64() >= f64::from(*max_tokens)
+/// Whether `next` differs enough from the pushed `current` to push it. Otherwise the
+/// client keeps `current` (resent, so only its TTL moves). Envoy starts a changed token
+/// bucket full, so a change hands out its `max_tokens`, and must gain more than that:
+/// - a rate lower by more than [`LOWER_BY`] that takes at least `max_tokens` off what the
+///   stream admits in [`EXCESS_WINDOWS`] windows: an excess comes back every window, a
+///   change's tokens once;
+/// - a rate higher by more than [`HIGHER_BY`] that also moves what the stream admits in
+///   one `window` of the rule by at least `max_tokens`: under its share the stream only
+///   admits less. With 100 Envoys on 100 per 10 s, each stream's share is about one
+///   request a window; the noise of the shares moved it by more than 10% at most
+///   reports, and each change handed out one more token: 2.06 times the limit a window.
+/// - a `DENY_ALL` in place of a token bucket: the running bucket would admit at least its
+///   `max_tokens` before the refill, which restarts it (full) anyway. Otherwise every
+///   spent window would end with every stream's bucket restarted at once.
+/// - any other change of kind.
+pub fn moved(current: &Strategy, next: &Assignment, window: Duration) -> bool {
+    match (*current, next.strategy) {
+        (Strategy::TokenBucket { .. }, Strategy::TokenBucket { max_tokens, .. }) => {
+            let (old, new) = (
+                current.rate().unwrap_or(0.0),
+                next.strategy.rate().unwrap_or(0.0),
+            );
+            let per_window = (new - old) * window.as_secs_f64();
+            let cost = f64::from(max_tokens);
+            (new < old * (1.0 - LOWER_BY) && -per_window * f64::from(EXCESS_WINDOWS) >= cost)
+                || (new > old * (1.0 + HIGHER_BY) && per_window >= cost)
         }
-        _ => std::mem::discriminant(current) != std::mem::discriminant(next),
+        (Strategy::TokenBucket { max_tokens, .. }, Strategy::DenyAll) => {
+            current.rate().unwrap_or(0.0) * next.ttl.as_secs_f64() >= f64::from(max_tokens)
+        }
+        (current, next) => std::mem::discriminant(&current) != std::mem::discriminant(&next),
     }
 }
 
@@ -421,20 +440,34 @@ mod tests {
     #[test]
     fn hysteresis_ignores_small_moves() {
         let bucket = |rate: f64| token_bucket(10.0, rate);
+        let to = |strategy| Assignment {
+            strategy,
+            ttl: Duration::from_secs(15),
+        };
         let second = Duration::from_secs(1);
-        assert!(!moved(&bucket(100.0), &bucket(95.0), second));
-        assert!(!moved(&bucket(100.0), &bucket(108.0), second));
-        assert!(moved(&bucket(100.0), &bucket(85.0), second));
-        assert!(moved(&bucket(100.0), &bucket(115.0), second));
-        assert!(moved(&bucket(100.0), &Strategy::DenyAll, second));
-        assert!(moved(&Strategy::AllowAll, &bucket(100.0), second));
-        assert!(!moved(&Strategy::DenyAll, &Strategy::DenyAll, second));
+        assert!(!moved(&bucket(100.0), &to(bucket(95.0)), second));
+        assert!(!moved(&bucket(100.0), &to(bucket(108.0)), second));
+        assert!(moved(&bucket(100.0), &to(bucket(85.0)), second));
+        assert!(moved(&bucket(100.0), &to(bucket(115.0)), second));
+        assert!(moved(&bucket(100.0), &to(Strategy::DenyAll), second));
+        assert!(moved(&Strategy::AllowAll, &to(bucket(100.0)), second));
+        assert!(!moved(&Strategy::DenyAll, &to(Strategy::DenyAll), second));
         // About one request a window: a move of a fifth is worth less than the token a
         // change hands out; of three times, more.
         let ten_s = Duration::from_secs(10);
         let tiny = |rate: f64| token_bucket(1.0, rate);
-        assert!(!moved(&tiny(0.09), &tiny(0.072), ten_s));
-        assert!(!moved(&tiny(0.09), &tiny(0.11), ten_s));
-        assert!(moved(&tiny(0.09), &tiny(0.27), ten_s));
+        assert!(!moved(&tiny(0.09), &to(tiny(0.11)), ten_s));
+        assert!(moved(&tiny(0.09), &to(tiny(0.27)), ten_s));
+        // Lower is worth it sooner: the excess would come back every window.
+        assert!(!moved(&tiny(0.09), &to(tiny(0.072)), ten_s));
+        assert!(moved(&tiny(0.18), &to(tiny(0.09)), ten_s));
+        // A spent window 3 s before its refill: at 0.09 a second the running bucket admits
+        // less than the token the restart after a DENY_ALL hands out; at 100, far more.
+        let spent = Assignment {
+            strategy: Strategy::DenyAll,
+            ttl: Duration::from_secs(3),
+        };
+        assert!(!moved(&tiny(0.09), &spent, ten_s));
+        assert!(moved(&bucket(100.0), &spent, second));
     }
 }

@@ -510,14 +510,16 @@ impl Stream {
                 ttl,
             },
         };
-        let strategy = match bucket.sent {
-            Some(sent)
-                if sent.expires > now && !assign::moved(&sent.strategy, &next.strategy, window) =>
-            {
-                sent.strategy
+        let (strategy, lives) = match bucket.sent {
+            // Kept, it lives as long as an assignment does, also in place of a DENY_ALL.
+            Some(sent) if sent.expires > now && !assign::moved(&sent.strategy, &next, window) => {
+                (sent.strategy, ttl)
             }
-            Some(sent) => assign::distinct_for_envoy(&sent.strategy, next.strategy),
-            None => next.strategy,
+            Some(sent) => (
+                assign::distinct_for_envoy(&sent.strategy, next.strategy),
+                next.ttl,
+            ),
+            None => (next.strategy, next.ttl),
         };
         let changed = bucket.sent.is_none_or(|sent| {
             !assign::same_for_envoy(&sent.strategy, &strategy) || sent.expires <= now
@@ -527,7 +529,7 @@ impl Stream {
         }
         bucket.sent = Some(Sent {
             strategy,
-            expires: now + next.ttl,
+            expires: now + lives,
         });
         if strategy == Strategy::DenyAll
             && let Some(refill) = refill
@@ -539,7 +541,7 @@ impl Stream {
             &bucket.id,
             &Assignment {
                 strategy,
-                ttl: next.ttl,
+                ttl: lives,
             },
         ))
     }

@@ -239,8 +239,11 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
 }
 
 /// Whether `next` differs enough from the pushed `current` to push it. Otherwise the
-/// client keeps `current` (resent, so only its TTL moves). Envoy starts a changed token
-/// bucket full, so a change hands out its `max_tokens`, and must gain more than that:
+/// client keeps `current` (resent, so only its TTL moves). A changed token bucket can hand
+/// out its `max_tokens` at once, so a change must gain more than that. Envoy builds a new
+/// bucket full when none runs, as after a blanket rule, and on a change either full or at
+/// the old bucket's fill ratio, by version (`createTokenBucketFromAction` in
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`):
 /// - a rate lower by more than [`LOWER_BY`] that takes at least `max_tokens` off what the
 ///   stream admits in [`EXCESS_WINDOWS`] windows: an excess comes back every window, a
 ///   change's tokens once;

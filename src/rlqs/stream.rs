@@ -107,7 +107,11 @@ struct Sent {
 impl Tracked {
     /// The rate the bucket keeps whatever its share says. A client whose first report on
     /// this stream covers time held the bucket before, on a stream now gone (its replica
-    /// died, or the connection broke): the demand it reported there still counts in the
+    /// died, or the connection broke): Envoy counts `time_elapsed` from the bucket's last
+    /// report whatever the stream, and reopens a lost stream with its next periodic report
+    /// (`getUsageFromBucket` and `onSendReportsTimer` in
+    /// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`), while a
+    /// new bucket's first report covers 0 s. the demand it reported there still counts in the
     /// shared counters, as if another client's, for up to two demand windows. Its share
     /// alone would then fall to a half or a third of what it admitted a moment ago; so
     /// until that demand has faded it keeps that rate (Doorman's learning mode): load that

@@ -474,8 +474,10 @@ async fn cluster_replicas_serve_one_budget() {
 }
 
 /// A lone Envoy at 800/s under 2,000/s whose replica dies keeps its rate on the next: its
-/// first report there covers 5 s (Envoy reopens a lost stream at its next 5 s tick with the
-/// full report, `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`),
+/// first report there covers 5 s (Envoy counts `time_elapsed` from the bucket's last report
+/// whatever the stream, and reopens a lost stream with its next periodic report:
+/// `getUsageFromBucket`, `onSendReportsTimer` in
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`),
 /// while the demand it reported to the dead replica still counts in the shared counters.
 /// Counted as another client's, that demand left it a third of the rates (600/s).
 #[tokio::test]

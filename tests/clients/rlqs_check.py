@@ -1,6 +1,7 @@
 """One RLQS stream through envoy-data-plane's generated messages and its grpclib stub.
 
 Usage: rlqs_check.py TARGET DOMAIN
+       rlqs_check.py --moved TARGET DOMAIN
        rlqs_check.py --encode
 TARGET is `127.0.0.1:PORT` or `unix:/path`. On one StreamRateLimitQuotas stream it sends the
 two reports Envoy's rate_limit_quota filter sends: the immediate report of a new bucket
@@ -8,6 +9,11 @@ two reports Envoy's rate_limit_quota filter sends: the immediate report of a new
 up to 10 s after each for an action on every bucket just reported, half-closes, and waits for
 the server to end the stream. Prints one JSON line, {"actions": [...]}, the last action seen
 per bucket, and exits 0; prints the gRPC error to stderr and exits 1; exits 2 on a timeout.
+`--moved` plays an Envoy whose stream broke: on one stream the immediate report of bucket
+{route: moved} and two periodic ones of 4,000 allowed over 5 s; then, on a new connection,
+the report Envoy's next tick sends on the stream it reopens (time_elapsed 5 s: Envoy counts
+it from the bucket's last report, whatever the stream). It prints the actions of the new
+stream only.
 `--encode` prints the periodic report's bytes in hex, for a decoder to check against.
 
 Every byte is encoded and decoded by betterproto2 code generated from Envoy's own protos, so
@@ -35,9 +41,9 @@ TIMEOUT = 10
 ENCODE_DOMAIN = "clients-rlqs"
 
 
-def usage(api_key, elapsed, allowed, denied):
+def usage(api_key, elapsed, allowed, denied, key="api_key"):
     return RateLimitQuotaUsageReportsBucketQuotaUsage(
-        bucket_id=BucketId(bucket={"api_key": api_key}),
+        bucket_id=BucketId(bucket={key: api_key}),
         time_elapsed=datetime.timedelta(seconds=elapsed),
         num_requests_allowed=allowed,
         num_requests_denied=denied,
@@ -117,7 +123,19 @@ def channel_for(target):
     return Channel(host=host.strip("[]"), port=int(port))
 
 
-async def converse(target, domain):
+def moved_reports(domain):
+    """The reports of one Envoy at 800 a second: two streams' worth, the second reopened."""
+    report = lambda elapsed, allowed: RateLimitQuotaUsageReports(  # noqa: E731
+        domain=domain, bucket_quota_usages=[usage("moved", elapsed, allowed, 0, key="route")]
+    )
+    return [report(0, 1), report(5, 4000), report(5, 4000)], [report(5, 4000)]
+
+
+async def converse(target, domain, sent=None):
+    """Sends `sent` (by default the immediate then the periodic report), each once the
+    previous one got an action on every bucket it named, then half-closes."""
+    if sent is None:
+        sent = [immediate_report(domain), periodic_report(domain)]
     channel = channel_for(target)
     outgoing = asyncio.Queue()
 
@@ -149,12 +167,10 @@ async def converse(target, domain):
                     last[key(action.bucket_id)] = action
 
     try:
-        outgoing.put_nowait(immediate_report(domain))
-        await asyncio.wait_for(until({(("api_key", "py-1"),)}), TIMEOUT)
-        periodic = periodic_report(domain)
-        outgoing.put_nowait(periodic)
-        every = {key(item.bucket_id) for item in periodic.bucket_quota_usages}
-        await asyncio.wait_for(until(every), TIMEOUT)
+        for report in sent:
+            outgoing.put_nowait(report)
+            every = {key(item.bucket_id) for item in report.bucket_quota_usages}
+            await asyncio.wait_for(until(every), TIMEOUT)
         outgoing.put_nowait(None)
         await asyncio.wait_for(drain(), TIMEOUT)
     finally:
@@ -166,9 +182,18 @@ def main():
     if sys.argv[1:] == ["--encode"]:
         print(bytes(periodic_report(ENCODE_DOMAIN)).hex())
         return 0
-    target, domain = sys.argv[1:3]
+    moved = sys.argv[1] == "--moved"
+    target, domain = sys.argv[1 + moved : 3 + moved]
+
+    async def run():
+        if not moved:
+            return await converse(target, domain)
+        before, after = moved_reports(domain)
+        await converse(target, domain, before)
+        return await converse(target, domain, after)
+
     try:
-        actions = asyncio.run(converse(target, domain))
+        actions = asyncio.run(run())
     except GRPCError as error:
         print(f"{error.status.name}: {error.message}", file=sys.stderr)
         return 1

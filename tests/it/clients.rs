@@ -15,8 +15,9 @@ use common::TestServer;
 
 const CONFIG: &str = "domain: clients\ndescriptors:\n  - key: caller\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
-/// The quota rules of `rlqs_check.py`: every bucket `{api_key: <any>}` is counted.
-const RLQS_CONFIG: &str = "domain: clients-rlqs\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+/// The quota rules of `rlqs_check.py`: every bucket `{api_key: <any>}` is counted, and
+/// `{route: <any>}` at 2,000 a second (for `--moved`).
+const RLQS_CONFIG: &str = "domain: clients-rlqs\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: route\n    rate_limit: {unit: minute, requests_per_unit: 120000}\n";
 
 /// The Python of the venv `make clients` fills from `tests/clients/requirements.txt`.
 const VENV_PYTHON: &str = "target/clients/python/bin/python";
@@ -131,33 +132,7 @@ async fn on_a_unix_socket(rules: (&str, &str), check: impl AsyncFnOnce(&str)) {
 /// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`; the wire notes,
 /// section 11.
 async fn rlqs_reports_are_answered(target: &str) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join(VENV_PYTHON);
-    assert!(
-        python.exists(),
-        "Python envoy-data-plane is not installed ({}): run `make clients`",
-        python.display()
-    );
-    let mut command = std::process::Command::new(python);
-    command
-        .arg(root.join("tests/clients/rlqs_check.py"))
-        .args([target, "clients-rlqs"]);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("client task")
-        .expect("client runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-    assert!(
-        output.status.success(),
-        "rlqs_check.py on {target} ({}): {stdout} {stderr}",
-        output.status
-    );
-    let answer: serde_json::Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|error| panic!("rlqs_check.py on {target} printed {stdout:?}: {error}"));
-    let actions = answer["actions"]
-        .as_array()
-        .unwrap_or_else(|| panic!("rlqs_check.py on {target} printed no actions: {stdout}"));
+    let (actions, stdout) = rlqs_check(&[target, "clients-rlqs"]).await;
     for key in ["py-1", "py-2", "py-3"] {
         let bucket = serde_json::json!({ "api_key": key });
         assert!(
@@ -180,6 +155,62 @@ async fn rlqs_reports_are_answered(target: &str) {
             );
         }
     }
+}
+
+/// Runs `rlqs_check.py` with `args`; its actions, and what it printed.
+async fn rlqs_check(args: &[&str]) -> (Vec<serde_json::Value>, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(VENV_PYTHON);
+    assert!(
+        python.exists(),
+        "Python envoy-data-plane is not installed ({}): run `make clients`",
+        python.display()
+    );
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(root.join("tests/clients/rlqs_check.py"))
+        .args(args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("client task")
+        .expect("client runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    assert!(
+        output.status.success(),
+        "rlqs_check.py {args:?} ({}): {stdout} {stderr}",
+        output.status
+    );
+    let answer: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|error| panic!("rlqs_check.py {args:?} printed {stdout:?}: {error}"));
+    let actions = answer["actions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("rlqs_check.py {args:?} printed no actions: {stdout}"))
+        .clone();
+    (actions, stdout)
+}
+
+/// An Envoy whose stream broke keeps its rate on the stream it reopens: `rlqs_check.py
+/// --moved` sends, in envoy-data-plane's bytes, the reports of one Envoy at 800 a second,
+/// then on a new connection the report Envoy's next tick sends (`time_elapsed` 5 s, counted
+/// from the bucket's last report whatever the stream: `getUsageFromBucket` and
+/// `onSendReportsTimer` in `source/extensions/filters/http/rate_limit_quota/
+/// global_client_impl.cc`). The demand of the stream gone still counts in the shared
+/// counter; taken for another client's, it left a third of the rates (600 a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_data_plane_reports_of_a_reopened_stream_keep_the_rate() {
+    let server = TestServer::start(&[("clients-rlqs.yaml", RLQS_CONFIG)]).await;
+    let target = server.grpc.to_string();
+    let (actions, stdout) = rlqs_check(&["--moved", &target, "clients-rlqs"]).await;
+    let [action] = actions.as_slice() else {
+        panic!("one action expected: {stdout}");
+    };
+    assert_eq!(action["kind"], "token_bucket", "{stdout}");
+    let per_fill = action["tokens_per_fill"].as_f64().expect("tokens_per_fill");
+    let seconds = action["fill_seconds"].as_f64().expect("fill_seconds");
+    let rate = per_fill / seconds;
+    assert!((800.0..=810.0).contains(&rate), "{rate} a second: {stdout}");
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,9 +125,12 @@ def channel_for(target):
 
 def moved_reports(domain):
     """The reports of one Envoy at 800 a second: two streams' worth, the second reopened."""
-    report = lambda elapsed, allowed: RateLimitQuotaUsageReports(  # noqa: E731
-        domain=domain, bucket_quota_usages=[usage("moved", elapsed, allowed, 0, key="route")]
-    )
+    def report(elapsed, allowed):
+        return RateLimitQuotaUsageReports(
+            domain=domain,
+            bucket_quota_usages=[usage("moved", elapsed, allowed, 0, key="route")],
+        )
+
     return [report(0, 1), report(5, 4000), report(5, 4000)], [report(5, 4000)]
 
 

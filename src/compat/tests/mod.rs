@@ -471,10 +471,16 @@ fn grpc_tls_variables_apply_with_use_tls() {
         ("GRPC_CLIENT_TLS_SAN", "envoy.mesh"),
     ];
     let (args, report) = mapped(&vars);
-    assert_eq!(args.grpc_tls_cert, Some(PathBuf::from("/tls/cert.pem")));
-    assert_eq!(args.grpc_tls_key, Some(PathBuf::from("/tls/key.pem")));
-    assert_eq!(args.grpc_tls_client_ca, Some(PathBuf::from("/tls/ca.pem")));
-    assert_eq!(args.grpc_tls_client_san.as_deref(), Some("envoy.mesh"));
+    assert_eq!(
+        args.grpc.grpc_tls_cert,
+        Some(PathBuf::from("/tls/cert.pem"))
+    );
+    assert_eq!(args.grpc.grpc_tls_key, Some(PathBuf::from("/tls/key.pem")));
+    assert_eq!(
+        args.grpc.grpc_tls_client_ca,
+        Some(PathBuf::from("/tls/ca.pem"))
+    );
+    assert_eq!(args.grpc.grpc_tls_client_san.as_deref(), Some("envoy.mesh"));
     assert!(report.unsupported.is_empty(), "{report:?}");
     assert!(
         report
@@ -494,7 +500,7 @@ fn grpc_tls_variables_without_use_tls_are_reported_not_applied() {
         ];
         vars.extend(use_tls.map(|value| ("GRPC_SERVER_USE_TLS", value)));
         let (args, report) = mapped(&vars);
-        assert_eq!(args.grpc_tls_cert, None);
+        assert_eq!(args.grpc.grpc_tls_cert, None);
         assert_eq!(
             warned(&report),
             ["GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"]
@@ -516,8 +522,8 @@ fn grpc_tls_flags_win_over_the_variables() {
         "/fg/key.pem",
     ];
     let (args, report) = run(&flags, &vars).unwrap();
-    assert_eq!(args.grpc_tls_cert, Some(PathBuf::from("/fg/cert.pem")));
-    assert_eq!(args.grpc_tls_key, Some(PathBuf::from("/fg/key.pem")));
+    assert_eq!(args.grpc.grpc_tls_cert, Some(PathBuf::from("/fg/cert.pem")));
+    assert_eq!(args.grpc.grpc_tls_key, Some(PathBuf::from("/fg/key.pem")));
     assert!(
         report
             .overridden
@@ -545,11 +551,11 @@ fn connection_age_variables_are_go_durations() {
         ("GRPC_MAX_CONNECTION_AGE_GRACE", "1m30s"),
     ]);
     assert_eq!(
-        args.grpc_max_connection_age.0,
+        args.grpc.grpc_max_connection_age.0,
         std::time::Duration::from_secs(1800)
     );
     assert_eq!(
-        args.grpc_max_connection_age_grace.0,
+        args.grpc.grpc_max_connection_age_grace.0,
         std::time::Duration::from_secs(90)
     );
     assert!(report.unsupported.is_empty());

@@ -44,6 +44,9 @@ pub const TTL_INTERVALS: u32 = 3;
 const TOKENS_PER_FILL: f64 = 100.0;
 /// Longest fill interval: one token an hour is the slowest rate assigned.
 const MAX_FILL_SECONDS: f64 = 3600.0;
+/// How far `tokens_per_fill` may move to make a new rate differ for Envoy: enough for a
+/// neighbour that keeps the rate within 0.5%.
+const DISTINCT_FILLS: u32 = 10;
 
 /// What a client does with a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +78,7 @@ impl Strategy {
     }
 
     /// Tokens per second of a token bucket.
-    fn rate(&self) -> Option<f64> {
+    pub fn rate(&self) -> Option<f64> {
         match self {
             Strategy::TokenBucket {
                 tokens_per_fill,
@@ -216,25 +219,54 @@ pub fn same_for_envoy(current: &Strategy, next: &Strategy) -> bool {
     }
 }
 
-/// `next`, changed so that Envoy sees it differ from `current` when it does: a token bucket
-/// with another rate but equal in what Envoy compares gets one token more (or less) of
-/// `max_tokens`, or Envoy would keep the old rate.
+/// `next`, changed so that Envoy sees it differ from `current` when it does. Slow rates
+/// all fill [`TOKENS_PER_FILL`] tokens and differ only in the seconds, which Envoy does not
+/// compare: such a token bucket fills one token fewer (or more) over a fill interval
+/// rescaled to keep its rate. `max_tokens` stays, since a changed bucket starts full: one
+/// token more there was one more token handed out by every change of a slow rate.
 pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
-    match next {
-        Strategy::TokenBucket {
+    let Strategy::TokenBucket {
+        max_tokens,
+        tokens_per_fill,
+        fill_interval,
+    } = next
+    else {
+        return next;
+    };
+    if next == *current || !same_for_envoy(current, &next) {
+        return next;
+    }
+    let rate = f64::from(tokens_per_fill) / fill_interval.as_secs_f64();
+    let error = |&(tokens, seconds): &(u32, f64)| (f64::from(tokens) / seconds - rate).abs();
+    let rescaled = (1..=DISTINCT_FILLS)
+        .flat_map(|step| {
+            [
+                tokens_per_fill.checked_sub(step),
+                tokens_per_fill.checked_add(step),
+            ]
+        })
+        .flatten()
+        .filter(|&tokens| tokens >= 1)
+        .map(|tokens| (tokens, (f64::from(tokens) / rate).round()))
+        .filter(|&(_, seconds)| (1.0..=MAX_FILL_SECONDS).contains(&seconds))
+        .min_by(|a, b| error(a).total_cmp(&error(b)));
+    match rescaled {
+        Some((tokens_per_fill, seconds)) => Strategy::TokenBucket {
             max_tokens,
             tokens_per_fill,
-            fill_interval,
-        } if next != *current && same_for_envoy(current, &next) => Strategy::TokenBucket {
-            max_tokens: if max_tokens < u32::MAX {
-                max_tokens + 1
-            } else {
+            fill_interval: Duration::from_secs(seconds as u64),
+        },
+        // One token an hour or a fill of u32::MAX: no neighbour keeps the rate, so the
+        // size moves, down where it can.
+        None => Strategy::TokenBucket {
+            max_tokens: if max_tokens > 1 {
                 max_tokens - 1
+            } else {
+                max_tokens + 1
             },
             tokens_per_fill,
             fill_interval,
         },
-        _ => next,
     }
 }
 
@@ -426,7 +458,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_rate_that_envoy_would_take_for_the_old_one_gets_another_size() {
+    fn a_new_rate_that_envoy_would_take_for_the_old_one_gets_another_fill() {
         // 9.1/s and 10/s both fill 100 tokens, over 11 s and 10 s: Envoy compares no seconds.
         let old = token_bucket(5.0, 10.0);
         let new = token_bucket(5.0, 9.1);
@@ -434,7 +466,31 @@ mod tests {
         assert!(same_for_envoy(&old, &new));
         let sent = distinct_for_envoy(&old, new);
         assert!(!same_for_envoy(&old, &sent));
-        assert_eq!(rate(&sent), rate(&new));
+        // A change starts Envoy's bucket full: the size stays, the rate within 0.5%.
+        let Strategy::TokenBucket { max_tokens, .. } = sent else {
+            unreachable!()
+        };
+        assert_eq!(max_tokens, 5);
+        assert!((rate(&sent) - rate(&new)).abs() <= rate(&new) * 0.005);
+        // 0.13/s and 0.09/s: one token a window of 10 s, each.
+        let (slow, slower) = (token_bucket(1.0, 0.13), token_bucket(1.0, 0.09));
+        assert!(same_for_envoy(&slow, &slower));
+        let sent = distinct_for_envoy(&slow, slower);
+        assert!(!same_for_envoy(&slow, &sent));
+        assert!((rate(&sent) - rate(&slower)).abs() <= rate(&slower) * 0.005);
+        // At one token an hour no fill keeps the rate: the size moves instead.
+        let (hourly, new_hourly) = (
+            token_bucket(1.0, 1.0 / 3600.0),
+            Strategy::TokenBucket {
+                max_tokens: 1,
+                tokens_per_fill: 1,
+                fill_interval: Duration::from_secs(3599),
+            },
+        );
+        assert!(!same_for_envoy(
+            &hourly,
+            &distinct_for_envoy(&hourly, new_hourly)
+        ));
         // The same assignment stays the same.
         assert_eq!(distinct_for_envoy(&old, old), old);
         assert!(same_for_envoy(&Strategy::DenyAll, &Strategy::DenyAll));

@@ -35,6 +35,8 @@ domain: web
 descriptors:
   - key: route
     rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: hourly
+    rate_limit: {unit: hour, requests_per_unit: 36000}
   - key: fast
     rate_limit: {unit: second, requests_per_unit: 1000}
   - key: shared
@@ -308,15 +310,18 @@ async fn a_bucket_gets_a_token_bucket_then_deny_all_until_the_refill() {
     common::away_from_an_hour_boundary().await;
     let server = TestServer::start(&[("web.yaml", RULES)]).await;
     let mut quota = Quota::open(server.grpc).await;
-    let first = quota.report("web", &[("route", "a")], 2, 0).await;
+    // 10 a second: fast enough that a DENY_ALL is pushed in its place whenever the hour
+    // has a second left (slower, the running bucket would admit less than the token that
+    // the restart at the refill hands out, and it would be kept: `assign::moved`).
+    let first = quota.report("web", &[("hourly", "a")], 2, 0).await;
     let Kind::Tokens { max, ttl, .. } = first else {
         panic!("expected a token bucket, got {first:?}");
     };
-    // Three of Envoy's 5 s reporting intervals; the burst is a small part of what is left.
+    // Three of Envoy's 5 s reporting intervals; the burst is a second of the rate.
     assert_eq!(ttl, Duration::from_secs(15));
-    assert_eq!(max, 1);
+    assert_eq!(max, 10);
     // Past the limit: DENY_ALL until the hour's window ends.
-    let spent = quota.report("", &[("route", "a")], 50, 0).await;
+    let spent = quota.report("", &[("hourly", "a")], 40_000, 0).await;
     let Kind::DenyAll { ttl } = spent else {
         panic!("expected DENY_ALL, got {spent:?}");
     };
@@ -324,7 +329,7 @@ async fn a_bucket_gets_a_token_bucket_then_deny_all_until_the_refill() {
         ttl > Duration::from_secs(5) && ttl <= Duration::from_secs(3600),
         "{ttl:?}"
     );
-    let again = quota.report("", &[("route", "a")], 0, 3).await;
+    let again = quota.report("", &[("hourly", "a")], 0, 3).await;
     assert!(matches!(again, Kind::DenyAll { .. }), "{again:?}");
     let text = common::scrape(server.http).await;
     assert_eq!(common::sample(&text, "floodgate_rlqs_streams"), Some(1.0));

@@ -5,12 +5,13 @@
 //! server books the reports into the bucket ShouldRateLimit charges and pushes each stream
 //! a share of what is left. `validate` checks a message, `stream` holds one stream's
 //! buckets, `bounds` caps the buckets all streams hold, `spread` places a report's usage in
-//! the bucket's windows, `ledger` talks to the backend, `assign` sizes assignments, `wire`
-//! encodes them.
+//! the bucket's windows, `ledger` talks to the backend, `assign` sizes assignments, `pace`
+//! times the start of slow ones, `wire` encodes them.
 
 pub mod assign;
 pub mod bounds;
 pub mod ledger;
+pub mod pace;
 pub mod spread;
 pub mod stream;
 pub mod validate;

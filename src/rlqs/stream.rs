@@ -28,9 +28,9 @@ use super::RlqsSettings;
 use super::assign::{self, Assignment, Share, Strategy};
 use super::bounds::{BucketBounds, Holding};
 use super::ledger::{self, Ledger, OwnDemand, Pending};
-use super::spread;
 use super::validate::{self, BadBucket, BucketPairs, InvalidMessage, Usage};
 use super::wire;
+use super::{pace, spread};
 
 /// Envoy's reporting interval: hard-coded whatever `reporting_interval` says
 /// (`source/extensions/filters/http/rate_limit_quota/filter_persistence.cc`).
@@ -95,6 +95,8 @@ struct Tracked {
     sent: Option<Sent>,
     /// When the bucket needs a push without a report: a refill, or a rule reload.
     next_look: Option<Instant>,
+    /// When a held change of a slow bucket is pushed ([`pace`]).
+    slot: Option<Instant>,
 }
 
 /// The assignment in force on the client.
@@ -181,6 +183,8 @@ pub struct Stream {
     connection: Option<Arc<ConnectionLoad>>,
     /// The stream's own load: one caller of its own in admission and the backend's turns.
     load: Arc<ConnectionLoad>,
+    /// Where in a slow bucket's token period this stream starts it ([`pace`]).
+    phase: f64,
 }
 
 impl Stream {
@@ -202,6 +206,7 @@ impl Stream {
             holding,
             connection,
             load: Arc::new(ConnectionLoad::default()),
+            phase: pace::next_phase(),
         }
     }
 
@@ -340,6 +345,7 @@ impl Stream {
             continued_until: None,
             sent: None,
             next_look: None,
+            slot: None,
         });
         self.shared.metrics.buckets.inc();
         Ok(at)
@@ -473,6 +479,8 @@ impl Stream {
         bucket.next_look = None;
         // When a denial ends: the stream pushes the refill then.
         let mut refill = None;
+        // The stream's part of the bucket, which decides whether a slow bucket is paced.
+        let mut fraction = 1.0;
         let next = match (&bucket.rule, reading) {
             (QuotaRule::Limited(quota), Some(Ok(reading))) => {
                 bucket.unbooked = Pending::default();
@@ -487,8 +495,9 @@ impl Stream {
                         bucket.own_count,
                         reading.total_demand,
                     );
+                    fraction = ledger::share(bucket.demand_rate, others);
                     let share = Share {
-                        fraction: ledger::share(bucket.demand_rate, others),
+                        fraction,
                         floor: bucket.floor(now),
                     };
                     refill = Some(reading.budget.reset);
@@ -514,7 +523,7 @@ impl Stream {
                 ttl,
             },
         };
-        let (strategy, lives) = match bucket.sent {
+        let (mut strategy, mut lives) = match bucket.sent {
             // Kept, it lives as long as an assignment does, also in place of a DENY_ALL.
             Some(sent) if sent.expires > now && !assign::moved(&sent.strategy, &next, window) => {
                 (sent.strategy, ttl)
@@ -525,17 +534,44 @@ impl Stream {
             ),
             None => (next.strategy, next.ttl),
         };
-        let changed = bucket.sent.is_none_or(|sent| {
-            !assign::same_for_envoy(&sent.strategy, &strategy) || sent.expires <= now
-        });
+        let changes = |strategy: &Strategy| {
+            bucket.sent.is_none_or(|sent| {
+                !assign::same_for_envoy(&sent.strategy, strategy) || sent.expires <= now
+            })
+        };
+        let mut changed = changes(&strategy);
+        let wait = changed
+            .then(|| {
+                let now_ms = SystemClock.now_ms();
+                pace::wait(&strategy, fraction, bucket.interval, self.phase, now_ms)
+            })
+            .flatten();
+        bucket.slot = pace::slot(bucket.slot, wait, now);
+        let slot = bucket.slot.map(|slot| slot - now);
+        if let Some(wait) = slot {
+            // Until its slot the stream keeps a running bucket if the new one is faster,
+            // and is denied otherwise: the slower rate starts at the slot, full.
+            let running = bucket.sent.filter(|sent| sent.expires > now);
+            strategy = match (running, running.and_then(|sent| sent.strategy.rate())) {
+                (Some(sent), Some(old)) if strategy.rate().is_some_and(|new| old < new) => {
+                    sent.strategy
+                }
+                _ => Strategy::DenyAll,
+            };
+            lives = ttl + assign::whole_seconds(wait);
+            changed = changes(&strategy);
+        }
         if !answer && !changed {
+            bucket.next_look = slot.map(|wait| now + wait);
             return None;
         }
         bucket.sent = Some(Sent {
             strategy,
             expires: now + lives,
         });
-        if strategy == Strategy::DenyAll
+        if let Some(wait) = slot {
+            bucket.next_look = Some(now + wait);
+        } else if strategy == Strategy::DenyAll
             && let Some(refill) = refill
         {
             bucket.next_look = Some(now + refill.max(Duration::from_millis(1)));
@@ -599,6 +635,7 @@ mod tests {
             continued_until: None,
             sent: None,
             next_look: None,
+            slot: None,
         }
     }
 

@@ -305,6 +305,48 @@ async fn quota_streams_are_served_under_tls_too() {
     server.stop().await;
 }
 
+/// A stream with less than a token per reporting interval waits for its own slot, denied,
+/// and gets its token bucket then, pushed without a report: Envoy starts a changed bucket
+/// full and refills it from the push (`createTokenBucketFromAction` in
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`), so buckets
+/// pushed at the streams' reports would all refill within the same 5 s.
+#[tokio::test]
+async fn a_slow_share_starts_at_the_streams_slot() {
+    let server = TestServer::start(&[("web.yaml", RULES)]).await;
+    let (mut busy, mut idle) = (
+        Quota::open(server.grpc).await,
+        Quota::open(server.grpc).await,
+    );
+    let id: &[(&str, &str)] = &[("shared", "paced")];
+    // 200 a second of demand, twice, on one stream; the other is idle: a share of about
+    // 0.1 a second, a token every 7 to 15 s.
+    for _ in 0..2 {
+        assert!(matches!(
+            busy.report("web", id, 0, 1_000).await,
+            Kind::Tokens { .. }
+        ));
+    }
+    let held = idle.report("web", id, 0, 0).await;
+    let Kind::DenyAll { ttl } = held else {
+        panic!("expected DENY_ALL until the slot, got {held:?}");
+    };
+    // It outlives the wait, so the client is never left without an assignment.
+    assert!(ttl > Duration::from_secs(15), "{ttl:?}");
+    let waited = tokio::time::Instant::now();
+    let pushed = tokio::time::timeout(Duration::from_secs(20), idle.answers.message())
+        .await
+        .expect("a push within one token period")
+        .expect("stream open")
+        .expect("an answer");
+    let action = pushed.bucket_action.first().expect("an action");
+    let Kind::Tokens { rate, max, .. } = kind(action) else {
+        panic!("expected the token bucket at the slot, got {action:?}");
+    };
+    assert!(rate < 0.2 && max == 1, "{rate} {max}");
+    assert!(waited.elapsed() < Duration::from_secs_f64(1.0 / rate) + Duration::from_secs(1));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_bucket_gets_a_token_bucket_then_deny_all_until_the_refill() {
     common::away_from_an_hour_boundary().await;

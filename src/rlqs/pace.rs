@@ -1,0 +1,187 @@
+//! When a stream may start a slow token bucket, so that many streams sharing one bucket do
+//! not refill in step.
+//!
+//! Envoy starts a changed token bucket full and refills it from that moment
+//! (`createTokenBucketFromAction` in
+//! `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`). When a
+//! stream's share is less than a token per reporting interval (100 Envoys on 100 requests
+//! per 10 s: one token every 11 s each), the moment of the push sets when its tokens come.
+//! Pushed at the streams' reports, which all fall within one 5 s interval, the tokens of
+//! every stream came within those 5 s of each 11 s: windows of 10 s admitted from 0.74 to
+//! 1.06 of the limit as the beat went by. So a slow bucket's change waits for the stream's
+//! own slot: a point of the token period set by the stream's phase, spread evenly over
+//! the period across streams (the golden-ratio sequence) and measured from the epoch, so
+//! that streams of every replica fall on one clock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::assign::Strategy;
+
+/// A bucket shared by fewer streams than this (its share over this fraction) starts at
+/// once: with few streams there is no beat to break, and waiting would only delay a lone
+/// client's first token by up to a period.
+pub const PACED_SHARE: f64 = 0.5;
+/// A slot this close, or this recently passed, counts as now.
+const SLOT_TOLERANCE: Duration = Duration::from_millis(200);
+/// Slots repeat every token period from the start of each minute since the epoch.
+const ANCHOR_MS: i64 = 60_000;
+
+/// Streams started in this process, for their phases.
+static STREAMS: AtomicU64 = AtomicU64::new(0);
+
+/// The phase of a new stream, in `[0, 1)`: successive streams fill the period evenly.
+pub fn next_phase() -> f64 {
+    phase(STREAMS.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The `index`-th point of the golden-ratio sequence: every prefix of it is spread evenly.
+fn phase(index: u64) -> f64 {
+    (index as f64 * 0.618_033_988_749_895).fract()
+}
+
+/// How long a stream of `phase` holding `fraction` of a bucket waits before it pushes
+/// `strategy`, at `now_ms` since the epoch, for a client reporting every `interval`;
+/// `None` when it pushes now. Only a token bucket slower than a token per interval, on a
+/// bucket shared by several streams, waits, and never a whole token period.
+pub fn wait(
+    strategy: &Strategy,
+    fraction: f64,
+    interval: Duration,
+    phase: f64,
+    now_ms: i64,
+) -> Option<Duration> {
+    let Strategy::TokenBucket {
+        tokens_per_fill,
+        fill_interval,
+        ..
+    } = *strategy
+    else {
+        return None;
+    };
+    if fraction >= PACED_SHARE || tokens_per_fill == 0 {
+        return None;
+    }
+    let period = fill_interval.as_secs_f64() / f64::from(tokens_per_fill);
+    if period <= interval.as_secs_f64() {
+        return None;
+    }
+    let period_ms = (period * 1000.0) as i64;
+    // Slots count from the latest minute: streams whose rates differ a little still fall
+    // on nearly the same grid, which counting from the epoch would scatter.
+    let anchor = now_ms - now_ms.rem_euclid(ANCHOR_MS);
+    let first = anchor + (phase.clamp(0.0, 1.0) * period_ms as f64) as i64;
+    let tolerance = SLOT_TOLERANCE.as_millis() as i64;
+    let periods = ((now_ms - tolerance - first).max(0) + period_ms - 1) / period_ms;
+    let wait = first + periods * period_ms - now_ms;
+    (wait > tolerance).then(|| Duration::from_millis(wait as u64))
+}
+
+/// The slot a held change waits for, given the one chosen earlier (`chosen`) and the
+/// `wait` for the next one now: the chosen slot while it is ahead (a rate that moved a
+/// little since would move the slot, and the change would wait again), `None` to push now.
+pub fn slot(chosen: Option<Instant>, wait: Option<Duration>, now: Instant) -> Option<Instant> {
+    let wait = wait?;
+    match chosen {
+        Some(slot) if slot > now + SLOT_TOLERANCE => Some(slot),
+        Some(_) => None,
+        None => Some(now + wait),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: Duration = Duration::from_secs(5);
+
+    /// One token every `seconds`.
+    fn every(seconds: u64) -> Strategy {
+        Strategy::TokenBucket {
+            max_tokens: 1,
+            tokens_per_fill: 100,
+            fill_interval: Duration::from_secs(100 * seconds),
+        }
+    }
+
+    #[test]
+    fn a_slow_shared_bucket_waits_for_the_streams_slot() {
+        // A token every 11 s; the first slot of phase 0.5 is 5.5 s into the minute.
+        let slow = every(11);
+        let minute = 60_000 * 7;
+        assert_eq!(
+            wait(&slow, 0.01, INTERVAL, 0.5, minute),
+            Some(Duration::from_millis(5_500))
+        );
+        assert_eq!(
+            wait(&slow, 0.01, INTERVAL, 0.5, minute + 5_000),
+            Some(Duration::from_millis(500))
+        );
+        // At the slot, or just after it (the wake came late): now.
+        assert_eq!(wait(&slow, 0.01, INTERVAL, 0.5, minute + 5_500), None);
+        assert_eq!(wait(&slow, 0.01, INTERVAL, 0.5, minute + 5_650), None);
+        // Later: the next slot, a period on.
+        assert_eq!(
+            wait(&slow, 0.01, INTERVAL, 0.5, minute + 6_000),
+            Some(Duration::from_millis(10_500))
+        );
+        // Never a period or more.
+        for now_ms in (0..130_000).step_by(333) {
+            let waited = wait(&slow, 0.01, INTERVAL, 0.3, now_ms);
+            assert!(waited.is_none_or(|waited| waited < Duration::from_secs(11)));
+        }
+        // A rate 1% off moves the slot by less than a tenth of a second.
+        let near = Strategy::TokenBucket {
+            max_tokens: 1,
+            tokens_per_fill: 101,
+            fill_interval: Duration::from_secs(1_100),
+        };
+        let (a, b) = (
+            wait(&slow, 0.01, INTERVAL, 0.5, minute + 30_000).unwrap(),
+            wait(&near, 0.01, INTERVAL, 0.5, minute + 30_000).unwrap(),
+        );
+        assert!(a.abs_diff(b) < Duration::from_millis(500), "{a:?} {b:?}");
+    }
+
+    #[test]
+    fn fast_lone_and_blanket_assignments_push_at_once() {
+        // A token per interval or faster: the reports already spread the streams.
+        assert_eq!(wait(&every(5), 0.01, INTERVAL, 0.5, 1_234), None);
+        // A bucket of one or two streams.
+        assert_eq!(wait(&every(11), 0.5, INTERVAL, 0.5, 1_234), None);
+        assert_eq!(wait(&every(11), 1.0, INTERVAL, 0.5, 1_234), None);
+        assert_eq!(wait(&Strategy::DenyAll, 0.01, INTERVAL, 0.5, 1_234), None);
+        assert_eq!(wait(&Strategy::AllowAll, 0.01, INTERVAL, 0.5, 1_234), None);
+    }
+
+    #[test]
+    fn a_chosen_slot_stands_until_it_comes() {
+        let now = Instant::now();
+        let wait = Some(Duration::from_secs(3));
+        let chosen = slot(None, wait, now);
+        assert_eq!(chosen, Some(now + Duration::from_secs(3)));
+        // A report 2 s later, whose rate puts the next slot elsewhere, keeps it.
+        let later = now + Duration::from_secs(2);
+        assert_eq!(slot(chosen, Some(Duration::from_secs(7)), later), chosen);
+        // It came: push.
+        let came = now + Duration::from_millis(2_900);
+        assert_eq!(slot(chosen, Some(Duration::from_secs(7)), came), None);
+        // Nothing to hold (a fast rate, a blanket rule, at a slot): push.
+        assert_eq!(slot(chosen, None, later), None);
+    }
+
+    #[test]
+    fn phases_fill_the_period_evenly() {
+        for streams in [2, 10, 100] {
+            let mut phases: Vec<f64> = (0..streams).map(phase).collect();
+            phases.sort_by(f64::total_cmp);
+            phases.push(1.0);
+            let gaps = phases.windows(2).map(|pair| pair[1] - pair[0]);
+            // The largest gap is under twice an even split's.
+            assert!(gaps.fold(0.0, f64::max) < 2.0 / streams as f64, "{streams}");
+        }
+        assert!((0.0..1.0).contains(&next_phase()));
+    }
+}

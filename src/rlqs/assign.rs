@@ -6,8 +6,8 @@
 //! fraction of its share of what is left ([`BURST_FRACTION`]): Envoy starts every changed
 //! assignment full, so the size is what one change can admit at once. The rates of all
 //! streams add up to `(1 - BURST_FRACTION - ESTIMATE_MARGIN)` of the limit, leaving the
-//! bursts room, and the error of shares estimated from 5 s reports. A spent budget is
-//! `DENY_ALL` until it refills.
+//! bursts room, and the error of shares estimated from 5 s reports; a paced stream's
+//! ([`pace`]) leave only the error's. A spent budget is `DENY_ALL` until it refills.
 //!
 //! Every duration is whole seconds, as Envoy reads them
 //! (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` reads only
@@ -17,6 +17,8 @@
 use std::time::Duration;
 
 use crate::rules::{Algorithm, Policy};
+
+use super::pace;
 
 /// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
 pub const BURST_FRACTION: f64 = 0.05;
@@ -175,7 +177,18 @@ pub fn size(
     let burst =
         (capacity.min(budget.remaining) as f64 * BURST_FRACTION).min(per_second * BURST_SECONDS);
     let burst = (fraction * burst).ceil();
-    let rates = per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN);
+    // A paced stream's bucket starts at its slot, where its rate would bring a token anyway,
+    // and its rate seldom moves enough to restart it: its burst needs no room.
+    let reserve = if pace::paced(
+        fraction * per_second * (1.0 - ESTIMATE_MARGIN),
+        fraction,
+        interval,
+    ) {
+        ESTIMATE_MARGIN
+    } else {
+        BURST_FRACTION + ESTIMATE_MARGIN
+    };
+    let rates = per_second * (1.0 - reserve);
     let rate = (fraction * rates).max(share.floor.min(rates));
     Assignment {
         strategy: token_bucket(burst, rate),
@@ -339,6 +352,20 @@ mod tests {
             unreachable!()
         };
         assert_eq!(max_tokens, 50);
+    }
+
+    #[test]
+    fn a_paced_share_leaves_room_only_for_the_error_of_the_shares() {
+        // 100 streams on 100 per 10 s: a token every 10.5 s each, started at its slot.
+        let policy = Policy {
+            unit_multiplier: 10,
+            ..Policy::fixed_window(100, Unit::Second)
+        };
+        let paced = size(&policy, open(100, 10_000), 0.01, INTERVAL);
+        assert!((rate(&paced.strategy) - 0.095).abs() < 0.001);
+        // Two streams: not paced, and the bursts keep their room.
+        let pair = size(&policy, open(100, 10_000), 0.5, INTERVAL);
+        assert!((rate(&pair.strategy) - 4.5).abs() < 4.5 * 0.005);
     }
 
     #[test]

@@ -42,10 +42,17 @@ fn phase(index: u64) -> f64 {
     (index as f64 * 0.618_033_988_749_895).fract()
 }
 
+/// Whether a stream assigned `rate` a second, `fraction` of its bucket, for a client
+/// reporting every `interval`, starts its token bucket at its slot: less than a token per
+/// interval, on a bucket shared by several streams.
+pub fn paced(rate: f64, fraction: f64, interval: Duration) -> bool {
+    fraction < PACED_SHARE && rate * interval.as_secs_f64() < 1.0
+}
+
 /// How long a stream of `phase` holding `fraction` of a bucket waits before it pushes
 /// `strategy`, at `now_ms` since the epoch, for a client reporting every `interval`;
-/// `None` when it pushes now. Only a token bucket slower than a token per interval, on a
-/// bucket shared by several streams, waits, and never a whole token period.
+/// `None` when it pushes now. Only a [`paced`] token bucket waits, never a whole token
+/// period.
 pub fn wait(
     strategy: &Strategy,
     fraction: f64,
@@ -61,11 +68,8 @@ pub fn wait(
     else {
         return None;
     };
-    if fraction >= PACED_SHARE || tokens_per_fill == 0 {
-        return None;
-    }
-    let period = fill_interval.as_secs_f64() / f64::from(tokens_per_fill);
-    if period <= interval.as_secs_f64() {
+    let period = fill_interval.as_secs_f64() / f64::from(tokens_per_fill.max(1));
+    if tokens_per_fill == 0 || !paced(1.0 / period, fraction, interval) {
         return None;
     }
     let period_ms = (period * 1000.0) as i64;

@@ -83,6 +83,16 @@ pub fn wait(
     (wait > tolerance).then(|| Duration::from_millis(wait as u64))
 }
 
+/// What a stream holds until its slot, given the assignment `running` on the client and
+/// the `next` one: the running token bucket if the next is faster (below its share a stream
+/// only admits less), `DENY_ALL` otherwise, so that the slower rate starts at the slot.
+pub fn held(running: Option<Strategy>, next: &Strategy) -> Strategy {
+    match (running, running.and_then(|strategy| strategy.rate())) {
+        (Some(strategy), Some(old)) if next.rate().is_some_and(|new| old < new) => strategy,
+        _ => Strategy::DenyAll,
+    }
+}
+
 /// The slot a held change waits for, given the one chosen earlier (`chosen`) and the
 /// `wait` for the next one now: the chosen slot while it is ahead (a rate that moved a
 /// little since would move the slot, and the change would wait again), `None` to push now.
@@ -158,6 +168,17 @@ mod tests {
         assert_eq!(wait(&every(11), 1.0, INTERVAL, 0.5, 1_234), None);
         assert_eq!(wait(&Strategy::DenyAll, 0.01, INTERVAL, 0.5, 1_234), None);
         assert_eq!(wait(&Strategy::AllowAll, 0.01, INTERVAL, 0.5, 1_234), None);
+    }
+
+    #[test]
+    fn a_faster_change_keeps_the_running_bucket_and_a_slower_one_denies() {
+        let (slower, faster) = (every(13), every(9));
+        assert_eq!(held(Some(slower), &faster), slower);
+        assert_eq!(held(Some(faster), &slower), Strategy::DenyAll);
+        // Nothing running, or a blanket rule: denied until the slot.
+        assert_eq!(held(None, &slower), Strategy::DenyAll);
+        assert_eq!(held(Some(Strategy::AllowAll), &slower), Strategy::DenyAll);
+        assert_eq!(held(Some(Strategy::DenyAll), &faster), Strategy::DenyAll);
     }
 
     #[test]

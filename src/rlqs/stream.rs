@@ -549,15 +549,8 @@ impl Stream {
         bucket.slot = pace::slot(bucket.slot, wait, now);
         let slot = bucket.slot.map(|slot| slot - now);
         if let Some(wait) = slot {
-            // Until its slot the stream keeps a running bucket if the new one is faster,
-            // and is denied otherwise: the slower rate starts at the slot, full.
             let running = bucket.sent.filter(|sent| sent.expires > now);
-            strategy = match (running, running.and_then(|sent| sent.strategy.rate())) {
-                (Some(sent), Some(old)) if strategy.rate().is_some_and(|new| old < new) => {
-                    sent.strategy
-                }
-                _ => Strategy::DenyAll,
-            };
+            strategy = pace::held(running.map(|sent| sent.strategy), &strategy);
             lives = ttl + assign::whole_seconds(wait);
             changed = changes(&strategy);
         }

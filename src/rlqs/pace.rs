@@ -10,8 +10,8 @@
 //! every stream came within those 5 s of each 11 s: windows of 10 s admitted from 0.74 to
 //! 1.06 of the limit as the beat went by. So a slow bucket's change waits for the stream's
 //! own slot: a point of the token period set by the stream's phase, spread evenly over
-//! the period across streams (the golden-ratio sequence) and measured from the epoch, so
-//! that streams of every replica fall on one clock.
+//! the period across streams (the golden-ratio sequence) and counted from the start of
+//! each minute, so that the streams of every replica fall on one clock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -13,7 +13,7 @@ use clap::Args;
 use super::BenchError;
 use crate::duration::GoDuration;
 
-use super::envoy_quota::Fallback;
+use super::envoy_quota::{Fallback, Restart};
 
 /// Default run length.
 pub const DEFAULT_DURATION: &str = "10s";
@@ -129,6 +129,10 @@ pub struct BenchArgs {
     /// With `--rlqs`: what an Envoy does before its first assignment and after one expires.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = Fallback::Allow)]
     pub rlqs_no_assignment: Fallback,
+    /// With `--rlqs`: how an Envoy starts a token bucket whose assignment changed: full, or
+    /// at the old bucket's fill ratio (Envoy's source has done both).
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = Restart::Full)]
+    pub rlqs_restart: Restart,
     /// With `--rlqs`: another replica's gRPC address (repeatable); streams alternate over
     /// `--target` and these.
     #[arg(long, value_name = "ADDR")]

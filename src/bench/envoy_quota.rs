@@ -15,7 +15,9 @@
 //!   `tokens_per_fill` is 0.
 //! - Two token buckets are the same when `max_tokens`, `tokens_per_fill` and
 //!   `fill_interval.nanos` match: the running bucket stays, only the TTL is re-armed.
-//!   Another starts full.
+//!   Another starts full after a blanket rule or none; in place of a running token bucket
+//!   it starts full or at the old one's fill ratio, rounded down, as Envoy's versions of
+//!   `createTokenBucketFromAction` do ([`Restart`]).
 //! - `requests_per_time_unit` and an unset strategy are ignored: the bucket keeps what it
 //!   had. Actions without a bucket id, or for a bucket not held, are ignored.
 //! - On expiry, the `fallback_rate_limit` of `expired_assignment_behavior` applies for its
@@ -42,6 +44,16 @@ pub enum Fallback {
     Deny,
 }
 
+/// How a token bucket that replaces a running one starts: Envoy's source has done both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Restart {
+    /// Full, whatever the old bucket held.
+    Full,
+    /// At the old bucket's ratio of tokens to `max_tokens`, times the new `max_tokens`,
+    /// rounded down to whole tokens (Envoy multiplies into an integer).
+    FillRatio,
+}
+
 /// A bucket id: pairs sorted by key.
 pub type Id = Vec<(String, String)>;
 
@@ -55,6 +67,8 @@ pub struct EnvoyConfig {
     /// `expired_assignment_behavior.fallback_rate_limit` and its
     /// `expired_assignment_behavior_timeout` (whole seconds), if set.
     pub expired: Option<(Fallback, Duration)>,
+    /// How a changed token bucket starts.
+    pub restart: Restart,
 }
 
 /// What applying one action did.
@@ -257,7 +271,7 @@ impl SimulatedEnvoy {
                             .as_ref()
                             .and_then(|strategy| strategy.strategy.as_ref());
                         let ttl = whole_seconds(assignment.assignment_time_to_live);
-                        assign(bucket, strategy, ttl, now)
+                        assign(bucket, strategy, ttl, self.config.restart, now)
                     }
                     None => Applied::Ignored,
                 }
@@ -288,18 +302,9 @@ fn decide(bucket: &mut Bucket, config: &EnvoyConfig, now: Instant) -> bool {
     match &mut assigned.enforced {
         Enforced::Allow => true,
         Enforced::Deny => false,
-        Enforced::Tokens {
-            compared: (max, _, _),
-            rate,
-            tokens,
-            at,
-        } => {
-            if rate.is_infinite() {
-                return true;
-            }
-            let elapsed = now.saturating_duration_since(*at).as_secs_f64();
-            *tokens = (*tokens + elapsed * *rate).min(f64::from(*max));
-            *at = now;
+        Enforced::Tokens { rate, .. } if rate.is_infinite() => true,
+        enforced @ Enforced::Tokens { .. } => {
+            let tokens = enforced.refill(now);
             if *tokens >= 1.0 {
                 *tokens -= 1.0;
                 true
@@ -310,8 +315,33 @@ fn decide(bucket: &mut Bucket, config: &EnvoyConfig, now: Instant) -> bool {
     }
 }
 
+impl Enforced {
+    /// A token bucket's tokens at `now`, refilled continuously up to `max_tokens`.
+    fn refill(&mut self, now: Instant) -> &mut f64 {
+        let Enforced::Tokens {
+            compared: (max, _, _),
+            rate,
+            tokens,
+            at,
+        } = self
+        else {
+            unreachable!("only a token bucket refills")
+        };
+        let elapsed = now.saturating_duration_since(*at).as_secs_f64();
+        *tokens = (*tokens + elapsed * *rate).min(f64::from(*max));
+        *at = now;
+        tokens
+    }
+}
+
 /// Applies one assignment to a held bucket.
-fn assign(bucket: &mut Bucket, strategy: Option<&Strategy>, ttl: u64, now: Instant) -> Applied {
+fn assign(
+    bucket: &mut Bucket,
+    strategy: Option<&Strategy>,
+    ttl: u64,
+    restart: Restart,
+    now: Instant,
+) -> Applied {
     let expires = now + Duration::from_secs(ttl);
     let enforced = match strategy {
         Some(Strategy::BlanketRule(rule)) if *rule == BlanketRule::DenyAll as i32 => Enforced::Deny,
@@ -343,6 +373,28 @@ fn assign(bucket: &mut Bucket, strategy: Option<&Strategy>, ttl: u64, now: Insta
             Applied::Extended
         }
         _ => {
+            let running = bucket.assigned.filter(|assigned| assigned.expires > now);
+            let enforced = match (restart, running.map(|assigned| assigned.enforced), enforced) {
+                (
+                    Restart::FillRatio,
+                    Some(
+                        mut old @ Enforced::Tokens {
+                            compared: (old_max, ..),
+                            ..
+                        },
+                    ),
+                    Enforced::Tokens { compared, rate, .. },
+                ) => {
+                    let ratio = *old.refill(now) / f64::from(old_max.max(1));
+                    Enforced::Tokens {
+                        compared,
+                        rate,
+                        tokens: (f64::from(compared.0) * ratio).floor(),
+                        at: now,
+                    }
+                }
+                (_, _, enforced) => enforced,
+            };
             bucket.assigned = Some(Assigned { enforced, expires });
             Applied::Changed
         }

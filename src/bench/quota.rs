@@ -206,6 +206,7 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
         domain: args.domain.clone(),
         no_assignment: args.rlqs_no_assignment,
         expired: None,
+        restart: args.rlqs_restart,
     };
     // Envoys start at different moments: spread their ticks over one interval.
     let phase = envoy_quota::REPORT_INTERVAL.mul_f64((index as f64 * 0.618_034).fract());

@@ -13,6 +13,7 @@ fn config(expired: Option<(Fallback, Duration)>) -> EnvoyConfig {
         domain: "web".into(),
         no_assignment: Fallback::Allow,
         expired,
+        restart: Restart::Full,
     }
 }
 
@@ -188,6 +189,51 @@ fn equal_token_buckets_keep_their_tokens_whatever_their_seconds() {
         admitted(&mut envoy, "a", now + Duration::from_secs(1), 10),
         4
     );
+}
+
+#[test]
+fn a_changed_bucket_starts_full_or_at_the_old_fill_ratio_rounded_down() {
+    let now = Instant::now();
+    let change = |restart| {
+        let mut envoy = SimulatedEnvoy::new(
+            EnvoyConfig {
+                restart,
+                ..config(None)
+            },
+            now,
+        );
+        envoy.request(&id("a"), now);
+        envoy.apply(
+            &answer("a", tokens(10, 1, duration(100, 0)), duration(10, 0)),
+            now,
+        );
+        // 6 of 10 tokens spent: a ratio of 0.4.
+        assert_eq!(admitted(&mut envoy, "a", now, 6), 6);
+        let changed = envoy.apply(
+            &answer("a", tokens(4, 1, duration(100, 0)), duration(10, 0)),
+            now,
+        );
+        assert_eq!(changed, [Applied::Changed]);
+        admitted(&mut envoy, "a", now, 10)
+    };
+    assert_eq!(change(Restart::Full), 4);
+    // 4 x 0.4 = 1.6 tokens: 1.
+    assert_eq!(change(Restart::FillRatio), 1);
+    // After a blanket rule, no token bucket runs: full, whatever the version.
+    let mut envoy = SimulatedEnvoy::new(
+        EnvoyConfig {
+            restart: Restart::FillRatio,
+            ..config(None)
+        },
+        now,
+    );
+    envoy.request(&id("a"), now);
+    envoy.apply(&answer("a", deny(), duration(10, 0)), now);
+    envoy.apply(
+        &answer("a", tokens(4, 1, duration(100, 0)), duration(10, 0)),
+        now,
+    );
+    assert_eq!(admitted(&mut envoy, "a", now, 10), 4);
 }
 
 #[test]

@@ -303,8 +303,13 @@ fn decide(bucket: &mut Bucket, config: &EnvoyConfig, now: Instant) -> bool {
         Enforced::Allow => true,
         Enforced::Deny => false,
         Enforced::Tokens { rate, .. } if rate.is_infinite() => true,
-        enforced @ Enforced::Tokens { .. } => {
-            let tokens = enforced.refill(now);
+        Enforced::Tokens {
+            compared: (max, _, _),
+            rate,
+            tokens,
+            at,
+        } => {
+            refill(tokens, at, *rate, *max, now);
             if *tokens >= 1.0 {
                 *tokens -= 1.0;
                 true
@@ -315,23 +320,12 @@ fn decide(bucket: &mut Bucket, config: &EnvoyConfig, now: Instant) -> bool {
     }
 }
 
-impl Enforced {
-    /// A token bucket's tokens at `now`, refilled continuously up to `max_tokens`.
-    fn refill(&mut self, now: Instant) -> &mut f64 {
-        let Enforced::Tokens {
-            compared: (max, _, _),
-            rate,
-            tokens,
-            at,
-        } = self
-        else {
-            unreachable!("only a token bucket refills")
-        };
-        let elapsed = now.saturating_duration_since(*at).as_secs_f64();
-        *tokens = (*tokens + elapsed * *rate).min(f64::from(*max));
-        *at = now;
-        tokens
-    }
+/// Refills a token bucket's `tokens`, last refilled `at`, continuously at `rate` a second
+/// up to `max` tokens, as of `now`.
+fn refill(tokens: &mut f64, at: &mut Instant, rate: f64, max: u32, now: Instant) {
+    let elapsed = now.saturating_duration_since(*at).as_secs_f64();
+    *tokens = (*tokens + elapsed * rate).min(f64::from(max));
+    *at = now;
 }
 
 /// Applies one assignment to a held bucket.
@@ -377,15 +371,16 @@ fn assign(
             let enforced = match (restart, running.map(|assigned| assigned.enforced), enforced) {
                 (
                     Restart::FillRatio,
-                    Some(
-                        mut old @ Enforced::Tokens {
-                            compared: (old_max, ..),
-                            ..
-                        },
-                    ),
+                    Some(Enforced::Tokens {
+                        compared: (old_max, ..),
+                        rate: old_rate,
+                        mut tokens,
+                        mut at,
+                    }),
                     Enforced::Tokens { compared, rate, .. },
                 ) => {
-                    let ratio = *old.refill(now) / f64::from(old_max.max(1));
+                    refill(&mut tokens, &mut at, old_rate, old_max, now);
+                    let ratio = tokens / f64::from(old_max.max(1));
                     Enforced::Tokens {
                         compared,
                         rate,

@@ -107,6 +107,25 @@ struct Sent {
 }
 
 impl Tracked {
+    /// A bucket first reported at `now`, under `rule`, with nothing booked or sent yet.
+    fn new(id: Arc<BucketPairs>, rule: QuotaRule, now: Instant) -> Tracked {
+        Tracked {
+            id,
+            rule,
+            interval: DEFAULT_INTERVAL,
+            last_demand: now,
+            unbooked: Pending::default(),
+            own: OwnDemand::default(),
+            own_count: 0,
+            demand_rate: 0.0,
+            admitted_rate: 0.0,
+            continued_until: None,
+            sent: None,
+            next_look: None,
+            slot: None,
+        }
+    }
+
     /// The rate the bucket keeps whatever its share says. A client whose first report on
     /// this stream covers time held the bucket before, on a stream now gone (its replica
     /// died, or the connection broke): Envoy counts `time_elapsed` from the bucket's last
@@ -332,21 +351,7 @@ impl Stream {
         let at = self.buckets.len();
         let id = Arc::new(id);
         self.index.insert(Arc::clone(&id), at);
-        self.buckets.push(Tracked {
-            id,
-            rule,
-            interval: DEFAULT_INTERVAL,
-            last_demand: now,
-            unbooked: Pending::default(),
-            own: OwnDemand::default(),
-            own_count: 0,
-            demand_rate: 0.0,
-            admitted_rate: 0.0,
-            continued_until: None,
-            sent: None,
-            next_look: None,
-            slot: None,
-        });
+        self.buckets.push(Tracked::new(id, rule, now));
         self.shared.metrics.buckets.inc();
         Ok(at)
     }

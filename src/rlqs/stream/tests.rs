@@ -5,22 +5,8 @@ use super::*;
 use crate::rules::Unit;
 
 fn tracked() -> Tracked {
-    let now = Instant::now();
-    Tracked {
-        id: Arc::new(vec![("k".to_owned(), "v".to_owned())]),
-        rule: QuotaRule::Unlimited,
-        interval: DEFAULT_INTERVAL,
-        last_demand: now,
-        unbooked: Pending::default(),
-        own: OwnDemand::default(),
-        own_count: 0,
-        demand_rate: 0.0,
-        admitted_rate: 0.0,
-        continued_until: None,
-        sent: None,
-        next_look: None,
-        slot: None,
-    }
+    let id = Arc::new(vec![("k".to_owned(), "v".to_owned())]);
+    Tracked::new(id, QuotaRule::Unlimited, Instant::now())
 }
 
 /// A stream on a memory backend with 10 an hour for `window`, failing open, whose

@@ -2,6 +2,7 @@
 
 Usage: rlqs_check.py TARGET DOMAIN
        rlqs_check.py --moved TARGET DOMAIN
+       rlqs_check.py --paced TARGET DOMAIN
        rlqs_check.py --encode
 TARGET is `127.0.0.1:PORT` or `unix:/path`. On one StreamRateLimitQuotas stream it sends the
 two reports Envoy's rate_limit_quota filter sends: the immediate report of a new bucket
@@ -14,6 +15,10 @@ per bucket, and exits 0; prints the gRPC error to stderr and exits 1; exits 2 on
 the report Envoy's next tick sends on the stream it reopens (time_elapsed 5 s: Envoy counts
 it from the bucket's last report, whatever the stream). It prints the actions of the new
 stream only.
+`--paced` plays an Envoy with a small share of a busy bucket: on one stream three periodic
+reports of {route: paced} with 10,000 denied over 5 s each; then, on a new stream, the
+immediate report of that bucket, after which it sends nothing and waits up to 20 s for one
+more action pushed without a report. It prints every action of the new stream, in order.
 `--encode` prints the periodic report's bytes in hex, for a decoder to check against.
 
 Every byte is encoded and decoded by betterproto2 code generated from Envoy's own protos, so
@@ -38,6 +43,7 @@ from envoy_data_plane.envoy.service.rate_limit_quota.v3 import (
 from envoy_data_plane.envoy.type.v3 import RateLimitStrategyBlanketRule
 
 TIMEOUT = 10
+PUSH_TIMEOUT = 20
 ENCODE_DOMAIN = "clients-rlqs"
 
 
@@ -134,9 +140,22 @@ def moved_reports(domain):
     return [report(0, 1), report(5, 4000), report(5, 4000)], [report(5, 4000)]
 
 
-async def converse(target, domain, sent=None):
+def paced_reports(domain):
+    """A busy stream's reports of {route: paced}, then a new, idle stream's first one."""
+    def report(elapsed, denied):
+        return RateLimitQuotaUsageReports(
+            domain=domain,
+            bucket_quota_usages=[usage("paced", elapsed, 0, denied, key="route")],
+        )
+
+    return [report(5, 10000)] * 3, [report(0, 0)]
+
+
+async def converse(target, domain, sent=None, pushes=0):
     """Sends `sent` (by default the immediate then the periodic report), each once the
-    previous one got an action on every bucket it named, then half-closes."""
+    previous one got an action on every bucket it named, waits for `pushes` more answers,
+    then half-closes. Returns the last action per bucket, or with `pushes` every action in
+    order."""
     if sent is None:
         sent = [immediate_report(domain), periodic_report(domain)]
     channel = channel_for(target)
@@ -149,6 +168,7 @@ async def converse(target, domain, sent=None):
 
     answers = RateLimitQuotaServiceAsyncStub(channel).stream_rate_limit_quotas(reports())
     last = {}
+    every_action = []
 
     async def until(wanted):
         """Reads answers until every id in `wanted` got an action in one of them."""
@@ -162,6 +182,11 @@ async def converse(target, domain, sent=None):
                 if action.bucket_id is not None:
                     seen.add(key(action.bucket_id))
                     last[key(action.bucket_id)] = action
+                    every_action.append(action)
+
+    async def pushed():
+        answer = await answers.__anext__()
+        every_action.extend(answer.bucket_action)
 
     async def drain():
         async for answer in answers:
@@ -174,26 +199,32 @@ async def converse(target, domain, sent=None):
             outgoing.put_nowait(report)
             every = {key(item.bucket_id) for item in report.bucket_quota_usages}
             await asyncio.wait_for(until(every), TIMEOUT)
+        for _ in range(pushes):
+            await asyncio.wait_for(pushed(), PUSH_TIMEOUT)
         outgoing.put_nowait(None)
         await asyncio.wait_for(drain(), TIMEOUT)
     finally:
         channel.close()
-    return [describe(action) for action in last.values()]
+    return [describe(action) for action in (every_action if pushes else last.values())]
 
 
 def main():
     if sys.argv[1:] == ["--encode"]:
         print(bytes(periodic_report(ENCODE_DOMAIN)).hex())
         return 0
-    moved = sys.argv[1] == "--moved"
-    target, domain = sys.argv[1 + moved : 3 + moved]
+    mode = sys.argv[1] if sys.argv[1] in ("--moved", "--paced") else None
+    target, domain = sys.argv[1 + bool(mode) : 3 + bool(mode)]
 
     async def run():
-        if not moved:
+        if mode is None:
             return await converse(target, domain)
-        before, after = moved_reports(domain)
-        await converse(target, domain, before)
-        return await converse(target, domain, after)
+        if mode == "--moved":
+            before, after = moved_reports(domain)
+            await converse(target, domain, before)
+            return await converse(target, domain, after)
+        busy, idle = paced_reports(domain)
+        await converse(target, domain, busy)
+        return await converse(target, domain, idle, pushes=1)
 
     try:
         actions = asyncio.run(run())

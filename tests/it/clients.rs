@@ -16,7 +16,7 @@ use common::TestServer;
 const CONFIG: &str = "domain: clients\ndescriptors:\n  - key: caller\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
 /// The quota rules of `rlqs_check.py`: every bucket `{api_key: <any>}` is counted, and
-/// `{route: <any>}` at 2,000 a second (for `--moved`).
+/// `{route: <any>}` at 2,000 a second (for `--moved` and `--paced`).
 const RLQS_CONFIG: &str = "domain: clients-rlqs\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: route\n    rate_limit: {unit: minute, requests_per_unit: 120000}\n";
 
 /// The Python of the venv `make clients` fills from `tests/clients/requirements.txt`.
@@ -210,6 +210,32 @@ async fn envoy_data_plane_reports_of_a_reopened_stream_keep_the_rate() {
     let seconds = action["fill_seconds"].as_f64().expect("fill_seconds");
     let rate = per_fill / seconds;
     assert!((800.0..=810.0).contains(&rate), "{rate} a second: {stdout}");
+    server.stop().await;
+}
+
+/// A stream with a small share of a busy bucket is denied until its own slot, then gets its
+/// token bucket pushed without a report, in envoy-data-plane's decoding: Envoy starts a
+/// token bucket full and refills it from the moment it takes it
+/// (`createTokenBucketFromAction` in `source/extensions/filters/http/rate_limit_quota/
+/// global_client_impl.cc`), so the moment of the push places the stream's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_data_plane_decodes_a_paced_denial_and_the_bucket_pushed_at_the_slot() {
+    let server = TestServer::start(&[("clients-rlqs.yaml", RLQS_CONFIG)]).await;
+    let target = server.grpc.to_string();
+    let (actions, stdout) = rlqs_check(&["--paced", &target, "clients-rlqs"]).await;
+    let [held, pushed] = actions.as_slice() else {
+        panic!("an answer and a push expected: {stdout}");
+    };
+    assert_eq!(held["kind"], "deny_all", "{stdout}");
+    // Whole seconds, and past Envoy's 15 s: the client never runs out of an assignment.
+    assert_eq!(held["ttl_nanos"], 0, "{stdout}");
+    assert!(held["ttl_seconds"].as_i64() > Some(15), "{stdout}");
+    assert_eq!(pushed["kind"], "token_bucket", "{stdout}");
+    assert_eq!(pushed["max_tokens"], 1, "{stdout}");
+    let per_fill = pushed["tokens_per_fill"].as_f64().expect("tokens_per_fill");
+    let seconds = pushed["fill_seconds"].as_f64().expect("fill_seconds");
+    // Less than a token per 5 s report: the rate that is paced.
+    assert!(per_fill / seconds < 0.2, "{stdout}");
     server.stop().await;
 }
 

@@ -249,7 +249,7 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
     if next == *current || !same_for_envoy(current, &next) {
         return next;
     }
-    let rate = f64::from(tokens_per_fill) / fill_interval.as_secs_f64();
+    let rate = next.rate().unwrap_or_default();
     let error = |&(tokens, seconds): &(u32, f64)| (f64::from(tokens) / seconds - rate).abs();
     let rescaled = (1..=DISTINCT_FILLS)
         .flat_map(|step| {

@@ -60,19 +60,11 @@ pub fn wait(
     phase: f64,
     now_ms: i64,
 ) -> Option<Duration> {
-    let Strategy::TokenBucket {
-        tokens_per_fill,
-        fill_interval,
-        ..
-    } = *strategy
-    else {
-        return None;
-    };
-    let period = fill_interval.as_secs_f64() / f64::from(tokens_per_fill.max(1));
-    if tokens_per_fill == 0 || !paced(1.0 / period, fraction, interval) {
+    let rate = strategy.rate().filter(|&rate| rate > 0.0)?;
+    if !paced(rate, fraction, interval) {
         return None;
     }
-    let period_ms = (period * 1000.0) as i64;
+    let period_ms = (1000.0 / rate) as i64;
     // Slots count from the latest minute: streams whose rates differ a little still fall
     // on nearly the same grid, which counting from the epoch would scatter.
     let anchor = now_ms - now_ms.rem_euclid(ANCHOR_MS);

@@ -15,10 +15,11 @@ per bucket, and exits 0; prints the gRPC error to stderr and exits 1; exits 2 on
 the report Envoy's next tick sends on the stream it reopens (time_elapsed 5 s: Envoy counts
 it from the bucket's last report, whatever the stream). It prints the actions of the new
 stream only.
-`--paced` plays an Envoy with a small share of a busy bucket: on one stream three periodic
-reports of {route: paced} with 10,000 denied over 5 s each; then, on a new stream, the
-immediate report of that bucket, after which it sends nothing and waits up to 20 s for one
-more action pushed without a report. It prints every action of the new stream, in order.
+`--paced` plays an Envoy with a small share of a busy bucket: a busy Envoy reports
+{route: paced} every 5 s with 10,000 denied over 5 s (twice before, and on meanwhile); then,
+on a new stream, the immediate report of that bucket, after which the new stream sends
+nothing and waits up to 20 s for one more action pushed without a report. It prints every
+action of the new stream, in order.
 `--encode` prints the periodic report's bytes in hex, for a decoder to check against.
 
 Every byte is encoded and decoded by betterproto2 code generated from Envoy's own protos, so
@@ -148,12 +149,25 @@ def paced_reports(domain):
             bucket_quota_usages=[usage("paced", elapsed, 0, denied, key="route")],
         )
 
-    return [report(5, 10000)] * 3, [report(0, 0)]
+    return report(5, 10000), report(0, 0)
 
 
-async def converse(target, domain, sent=None, pushes=0):
+async def paced(target, domain):
+    """The new stream's actions, while a busy Envoy reports every 5 s as Envoy does."""
+    busy, idle = paced_reports(domain)
+    envoy = asyncio.create_task(converse(target, domain, [busy] * 8, every=5))
+    await asyncio.sleep(5.5)
+    try:
+        return await converse(target, domain, [idle], pushes=1)
+    finally:
+        envoy.cancel()
+        await asyncio.gather(envoy, return_exceptions=True)
+
+
+async def converse(target, domain, sent=None, pushes=0, every=0):
     """Sends `sent` (by default the immediate then the periodic report), each once the
-    previous one got an action on every bucket it named, waits for `pushes` more answers,
+    previous one got an action on every bucket it named and `every` seconds passed since it
+    was sent, waits for `pushes` more answers,
     then half-closes. Returns the last action per bucket, or with `pushes` every action in
     order."""
     if sent is None:
@@ -197,8 +211,10 @@ async def converse(target, domain, sent=None, pushes=0):
     try:
         for report in sent:
             outgoing.put_nowait(report)
-            every = {key(item.bucket_id) for item in report.bucket_quota_usages}
-            await asyncio.wait_for(until(every), TIMEOUT)
+            wanted = {key(item.bucket_id) for item in report.bucket_quota_usages}
+            sent_at = asyncio.get_running_loop().time()
+            await asyncio.wait_for(until(wanted), TIMEOUT)
+            await asyncio.sleep(max(0, sent_at + every - asyncio.get_running_loop().time()))
         for _ in range(pushes):
             await asyncio.wait_for(pushed(), PUSH_TIMEOUT)
         outgoing.put_nowait(None)
@@ -222,9 +238,7 @@ def main():
             before, after = moved_reports(domain)
             await converse(target, domain, before)
             return await converse(target, domain, after)
-        busy, idle = paced_reports(domain)
-        await converse(target, domain, busy)
-        return await converse(target, domain, idle, pushes=1)
+        return await paced(target, domain)
 
     try:
         actions = asyncio.run(run())

@@ -132,7 +132,7 @@ impl Tracked {
     /// report whatever the stream, and reopens a lost stream with its next periodic report
     /// (`getUsageFromBucket` and `onSendReportsTimer` in
     /// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`), while a
-    /// new bucket's first report covers 0 s. the demand it reported there still counts in the
+    /// new bucket's first report covers 0 s. The demand it reported there still counts in the
     /// shared counters, as if another client's, for up to two demand windows. Its share
     /// alone would then fall to a half or a third of what it admitted a moment ago; so
     /// until that demand has faded it keeps that rate (Doorman's learning mode): load that

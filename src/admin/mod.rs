@@ -4,9 +4,12 @@
 //! - `GET /healthcheck`: 200 `OK` when ready (same latch as gRPC health), else 503.
 //! - `GET /livez`: 200 while the process answers at all.
 //! - `POST /json`: proto3 JSON `RateLimitRequest` in, proto3 JSON response out; 200 OK,
-//!   429 OVER_LIMIT, 400 bad input (with a message), 503 backend failure. It spends real
-//!   quota (and can trip lockouts), so `--admin-json false` turns it off: then it answers
-//!   404, as a route that does not exist would.
+//!   429 OVER_LIMIT, 400 bad input (with a message), 415 a body not sent as
+//!   `application/json`, 503 backend failure. It spends real quota (and can trip lockouts),
+//!   so `--admin-json false` turns it off: then it answers 404, as a route that does not
+//!   exist would. Only `application/json` is taken: a web page on another origin can post
+//!   `text/plain` (a "simple" request, sent without asking the browser's CORS preflight),
+//!   never `application/json`.
 //! - `GET /metrics`: Prometheus (OpenMetrics text) exposition.
 //! - `GET /rlconfig`: the loaded rules, one line per rule.
 //! - `GET /`, `GET /overview`, `GET /top`: the operator's page and the two JSON views it
@@ -20,7 +23,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
@@ -78,12 +81,28 @@ pub fn router(state: AdminState) -> Router {
         .route("/overview", get(overview))
         .route("/top", get(top))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
+        .layer(axum::middleware::map_response(nosniff))
         .with_state(state)
+}
+
+/// Every answer of the admin port says its content type is the one to use: a JSON view
+/// holding a hostile key is never run as a script or a page.
+async fn nosniff(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
 }
 
 async fn page() -> Response {
     (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, views::page_policy()),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
         views::PAGE,
     )
         .into_response()
@@ -105,7 +124,15 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
     }
 }
 
-async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
+async fn json(State(state): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    if !is_json(&headers) {
+        state.limiter.metrics().invalid_requests.inc();
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "POST /json takes only Content-Type: application/json\n",
+        )
+            .into_response();
+    }
     let request = match parse_json_request(&body) {
         Ok(request) => request,
         Err(error) => {
@@ -134,6 +161,16 @@ async fn json(State(state): State<AdminState>, body: Bytes) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response()
         }
     }
+}
+
+/// Whether a request says its body is `application/json` (parameters such as `charset`
+/// allowed, case-insensitive as media types are).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// Reads a `/json` body: a proto3 JSON `RateLimitRequest` (not yet validated). Public so

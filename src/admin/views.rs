@@ -6,7 +6,12 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use std::sync::LazyLock;
+
+use base64::Engine as _;
+use base64::prelude::BASE64_STANDARD;
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 use serde_json::{Value, json};
 
 use super::AdminState;
@@ -20,6 +25,34 @@ pub const PAGE: &str = include_str!("page.html");
 
 /// Keys per rule and kind `/top` returns unless `?limit=` says otherwise.
 const DEFAULT_TOP_LIMIT: usize = 10;
+/// Most keys per rule and kind one `/top` answer lists, whatever `?limit=` asks.
+pub const MAX_TOP_LIMIT: usize = 100;
+/// Most keys one `/top` answer lists in all (each at most [`crate::top::MAX_SHOWN_BYTES`]
+/// of text), so that an answer stays near a megabyte however many rules are ranked: rules
+/// past it keep their totals and list no keys, and the answer says `"truncated": true`.
+pub const MAX_TOP_KEYS: usize = 4096;
+
+/// The page's Content-Security-Policy: nothing loads from anywhere, the page's own inline
+/// script runs by its hash (no other script can), and it may only fetch its own views.
+pub fn page_policy() -> &'static str {
+    static POLICY: LazyLock<String> = LazyLock::new(|| {
+        let script = inline_script(PAGE);
+        let hash = BASE64_STANDARD.encode(Sha256::digest(script.as_bytes()));
+        format!(
+            "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; \
+             frame-ancestors 'none'"
+        )
+    });
+    &POLICY
+}
+
+/// The text of the page's one inline `<script>`.
+fn inline_script(page: &str) -> &str {
+    let start = page.find("<script>").map_or(0, |at| at + "<script>".len());
+    let end = page[start..].find("</script>").map_or(page.len(), |at| start + at);
+    &page[start..end]
+}
 
 /// `GET /top`'s query.
 #[derive(Debug, Deserialize)]
@@ -35,8 +68,9 @@ pub fn top(state: &AdminState, query: &TopQuery) -> Value {
     let limit = query
         .limit
         .unwrap_or(DEFAULT_TOP_LIMIT)
-        .clamp(1, top.capacity());
-    let readings = top.read(limit);
+        .clamp(1, top.capacity().min(MAX_TOP_LIMIT));
+    let mut readings = top.read(limit);
+    let truncated = spend_key_budget(&mut readings, MAX_TOP_KEYS);
     let (candidates, live): (Vec<&RuleReading>, Vec<&RuleReading>) =
         readings.iter().partition(|reading| reading.rule.candidate);
     let mut overall: Vec<(&RuleReading, &Ranked)> = live
@@ -53,6 +87,8 @@ pub fn top(state: &AdminState, query: &TopQuery) -> Value {
         "window_seconds": 2 * crate::top::HALF.as_secs(),
         "values_shown": top.shows_values(),
         "capacity": top.capacity(),
+        "limit": limit,
+        "truncated": truncated,
         "top": overall.iter().map(|(reading, key)| json!({
             "domain": reading.rule.domain,
             "rule": reading.rule.path,
@@ -64,6 +100,20 @@ pub fn top(state: &AdminState, query: &TopQuery) -> Value {
         "rules": live.iter().map(|reading| reading_json(reading)).collect::<Vec<_>>(),
         "candidates": candidates.iter().map(|reading| reading_json(reading)).collect::<Vec<_>>(),
     })
+}
+
+/// Keeps at most `budget` keys over `readings`, in their order (heaviest rules first); says
+/// whether any were left out.
+fn spend_key_budget(readings: &mut [RuleReading], mut budget: usize) -> bool {
+    let mut truncated = false;
+    for reading in readings {
+        for keys in [&mut reading.denied, &mut reading.near_limit] {
+            truncated |= keys.len() > budget;
+            keys.truncate(budget);
+            budget -= keys.len();
+        }
+    }
+    truncated
 }
 
 fn reading_json(reading: &RuleReading) -> Value {

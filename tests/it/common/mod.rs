@@ -283,7 +283,10 @@ pub async fn should_rate_limit(
 pub async fn http(method: &str, url: &str, body: &str) -> (u16, String) {
     let client = reqwest::Client::new();
     let request = match method {
-        "POST" => client.post(url).body(body.to_owned()),
+        "POST" => client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_owned()),
         _ => client.get(url),
     };
     let response = request.send().await.expect("admin request");

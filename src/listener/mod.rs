@@ -271,18 +271,21 @@ impl Registry {
     /// Closes a connection to make room at the cap, if one may go: the oldest that never
     /// sent a call, else the one whose latest call is oldest, once that is over
     /// [`IDLE_BEFORE_EVICTION`] ago (it gets a GOAWAY; its client reconnects when it next
-    /// calls). Connections in use are never closed for it.
+    /// calls). Connections in use are never closed for it, nor one whose quota stream
+    /// reported within two of its intervals (`ConnectionLoad::reporting`).
     fn evict_one(&self) -> bool {
         let mut entries = self.entries.lock();
+        let now = Instant::now();
         let silent = entries
             .iter()
             .filter(|(_, entry)| entry.load.calls() == 0)
             .map(|(&id, _)| id)
             .min();
-        let idle_since = Instant::now().checked_sub(IDLE_BEFORE_EVICTION);
+        let idle_since = now.checked_sub(IDLE_BEFORE_EVICTION);
         let idle = || {
             entries
                 .iter()
+                .filter(|(_, entry)| !entry.load.is_reporting(now))
                 .filter_map(|(&id, entry)| Some((entry.load.latest_call()?, id)))
                 .filter(|&(latest, _)| idle_since.is_some_and(|since| latest <= since))
                 .min()

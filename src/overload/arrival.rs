@@ -101,6 +101,9 @@ pub struct ConnectionLoad {
     calls: AtomicU64,
     /// When the latest call arrived, in ms after `opened`.
     latest_call_ms: AtomicU64,
+    /// Until when a quota stream on the connection counts as reporting, in ms after
+    /// `opened` (0: none has reported).
+    reporting_until_ms: AtomicU64,
     opened: Instant,
     received: Option<Arc<ReceiveStamp>>,
 }
@@ -119,6 +122,7 @@ impl ConnectionLoad {
             in_flight: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             latest_call_ms: AtomicU64::new(0),
+            reporting_until_ms: AtomicU64::new(0),
             opened: Instant::now(),
             received,
         }
@@ -144,6 +148,25 @@ impl ConnectionLoad {
         let ms = at.saturating_duration_since(self.opened).as_millis();
         self.latest_call_ms
             .fetch_max(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Marks the connection as carrying a quota stream that reported at `at` and reports
+    /// again within `interval`: until two intervals have passed, it is never taken for an
+    /// idle connection at the cap (Envoy reports every 5 s, far past the idle threshold).
+    pub fn reporting(&self, at: Instant, interval: Duration) {
+        self.active(at);
+        let until = (at + 2 * interval).saturating_duration_since(self.opened);
+        self.reporting_until_ms.fetch_max(
+            u64::try_from(until.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether a quota stream on the connection reported within two of its intervals of
+    /// `now`.
+    pub fn is_reporting(&self, now: Instant) -> bool {
+        let until = self.reporting_until_ms.load(Ordering::Relaxed);
+        until > 0 && self.opened + Duration::from_millis(until) > now
     }
 
     /// When the latest call arrived; None before the first.

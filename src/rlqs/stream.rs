@@ -229,6 +229,15 @@ impl Stream {
         }
     }
 
+    /// The stream's reporting interval: the longest its buckets have learned.
+    fn interval(&self) -> Duration {
+        self.buckets
+            .iter()
+            .map(|bucket| bucket.interval)
+            .max()
+            .unwrap_or(DEFAULT_INTERVAL)
+    }
+
     /// The quota service's metrics.
     pub fn metrics(&self) -> &RlqsMetrics {
         &self.shared.metrics
@@ -246,7 +255,7 @@ impl Stream {
         self.domain = Some(domain);
         let now = Instant::now();
         if let Some(connection) = &self.connection {
-            connection.active(now);
+            connection.reporting(now, self.interval());
         }
         self.follow_rules(now);
         let now_ms = SystemClock.now_ms();

@@ -31,9 +31,15 @@ pub const RLQS_STRATEGIES: [&str; 3] = ["allow_all", "deny_all", "token_bucket"]
 /// Why a reported bucket is skipped: a malformed id or `time_elapsed`, or a bound on the
 /// buckets held.
 pub const RLQS_SKIP_REASONS: [&str; 4] = ["empty_id", "bad_id", "bad_time_elapsed", "bucket_limit"];
-/// Why the server ends a stream: a message it cannot decode, a bad domain, a client that
-/// does not read its answers.
-pub const RLQS_STREAM_END_REASONS: [&str; 3] = ["undecodable", "bad_domain", "not_reading"];
+/// Why the server ends a stream: a message it cannot decode, a frame that breaks gRPC's
+/// framing (a compressed flag without `grpc-encoding`, a flag other than 0 or 1, a message
+/// cut short), a bad domain, a client that does not read its answers.
+pub const RLQS_STREAM_END_REASONS: [&str; 4] = [
+    "undecodable",
+    "malformed_frame",
+    "bad_domain",
+    "not_reading",
+];
 
 impl RlqsMetrics {
     /// Counts one assignment sent with `strategy` (one of [`RLQS_STRATEGIES`]).

@@ -149,15 +149,15 @@ async fn serve(
                     }
                 },
                 Ok(None) => return,
-                Err(status) if undecodable(&status) => {
-                    tracing::warn!(error = status.message(), "RLQS stream ended: a report that cannot be decoded");
-                    metrics.stream_ended("undecodable");
-                    let why = format!("a report that cannot be decoded: {}", status.message());
-                    let _ = answers.try_send(Err(Status::invalid_argument(why)));
+                // The connection broke: nobody to answer.
+                Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => return,
+                Err(status) => {
+                    let (reason, answer) = ending(&status);
+                    tracing::warn!(error = status.message(), reason, "RLQS stream ended: a bad frame");
+                    metrics.stream_ended(reason);
+                    let _ = answers.try_send(Err(answer));
                     return;
                 }
-                // The client reset the stream, or the transport failed: nobody to answer.
-                Err(_) => return,
             },
             () = tokio::time::sleep_until(wake) => stream.tick().await,
             () = stopped(&mut stop) => return,
@@ -189,13 +189,27 @@ fn log_skipped(answered: Answered) -> Vec<BucketAction> {
     answered.actions
 }
 
-/// Whether tonic's error reading a report means the client sent bytes that are not a
-/// report (or one over [`MAX_REPORT_BYTES`]), not that the transport failed.
-fn undecodable(status: &Status) -> bool {
-    match status.code() {
-        Code::OutOfRange => true,
+/// How a stream ends when reading its next report failed: the `reason` it is counted
+/// under and the status sent. A message that is not a report (or is over
+/// [`MAX_REPORT_BYTES`]) is `INVALID_ARGUMENT`; a frame that breaks gRPC's framing keeps the
+/// status the gRPC spec gives it (`INTERNAL` for a compressed flag without `grpc-encoding`,
+/// doc/compression.md), never OK. A broken connection is not asked here.
+fn ending(status: &Status) -> (&'static str, Status) {
+    let undecodable = match status.code() {
+        Code::OutOfRange | Code::ResourceExhausted => true,
         Code::Internal => status.message().starts_with("failed to decode"),
         _ => false,
+    };
+    if undecodable {
+        let why = format!("a report that cannot be decoded: {}", status.message());
+        ("undecodable", Status::invalid_argument(why))
+    } else {
+        let code = match status.code() {
+            Code::Ok => Code::Internal,
+            code => code,
+        };
+        let why = format!("a malformed gRPC frame: {}", status.message());
+        ("malformed_frame", Status::new(code, why))
     }
 }
 

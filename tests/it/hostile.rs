@@ -4,8 +4,10 @@
 use crate::common;
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use common::{TestServer, descriptor, request, should_rate_limit};
+use prost::Message;
 use serde_json::Value;
 
 /// A web page on another origin can post `text/plain` without the browser asking first;
@@ -16,7 +18,11 @@ async fn json_from_another_origins_page_is_refused_unless_it_is_application_json
     let url = server.http_url("/json");
     let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"r0","value":"a"}]}]}"#;
     let client = reqwest::Client::new();
-    for content_type in [Some("text/plain"), Some("application/x-www-form-urlencoded"), None] {
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
         let mut post = client.post(&url).body(body);
         if let Some(content_type) = content_type {
             post = post.header("content-type", content_type);
@@ -40,7 +46,9 @@ async fn json_from_another_origins_page_is_refused_unless_it_is_application_json
 async fn the_page_sends_a_content_security_policy_and_nosniff() {
     let server = TestServer::start(&[("api.yaml", &rules())]).await;
     for path in ["/", "/top", "/overview", "/metrics"] {
-        let answer = reqwest::get(server.http_url(path)).await.expect("admin answers");
+        let answer = reqwest::get(server.http_url(path))
+            .await
+            .expect("admin answers");
         let headers = answer.headers();
         assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
         if path == "/" {
@@ -102,5 +110,111 @@ async fn top_is_bounded_whatever_its_limit_asks() {
     assert!(body.len() < 2 << 20, "{} bytes", body.len());
     // Every rule still has its totals.
     assert_eq!(top["rules"].as_array().unwrap().len(), RULE_COUNT);
+    server.stop().await;
+}
+
+/// The quota stream's path.
+const RLQS_PATH: &str =
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+/// Opens a quota stream over a bare HTTP/2 client, sends `body` as its bytes and ends the
+/// request; returns the `grpc-status` the server ended the stream with.
+async fn raw_quota_stream(server: &TestServer, body: Vec<u8>) -> i32 {
+    let tcp = tokio::net::TcpStream::connect(server.grpc)
+        .await
+        .expect("connect");
+    let (mut h2, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let call = http::Request::post(format!("http://{}{RLQS_PATH}", server.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (answer, mut sending) = h2.send_request(call, false).expect("send");
+    sending.send_data(body.into(), true).expect("body");
+    let answer = tokio::time::timeout(Duration::from_secs(10), async move {
+        let (parts, mut body) = answer.await.expect("answer").into_parts();
+        while let Some(chunk) = body.data().await {
+            chunk.expect("data");
+        }
+        let trailers = body.trailers().await.expect("trailers");
+        trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-status"))
+            .or_else(|| parts.headers.get("grpc-status"))
+            .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
+            .expect("grpc-status")
+    });
+    answer.await.expect("the server ends the stream")
+}
+
+/// A gRPC frame: its flag byte, its length, its bytes.
+fn grpc_frame(flag: u8, length: u32, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![flag];
+    frame.extend_from_slice(&length.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// A frame with the compressed flag but no `grpc-encoding`, a flag of 2, and a frame cut
+/// short each ended their stream with status 0 (OK), uncounted. Each now ends it with
+/// INTERNAL (gRPC's compression spec names that status for the first), counted.
+#[tokio::test]
+async fn malformed_frames_end_a_quota_stream_with_an_error_not_ok() {
+    let server = TestServer::start(&[("api.yaml", &rules())]).await;
+    let report = crate::rlqs::usages("api", &[(&[("r0", "a")], 1, 0)]).encode_to_vec();
+    let length = u32::try_from(report.len()).unwrap();
+    for (case, body) in [
+        (
+            "compressed without grpc-encoding",
+            grpc_frame(1, length, &report),
+        ),
+        ("flag 2", grpc_frame(2, length, &report)),
+        ("cut short", grpc_frame(0, length + 100, &report)),
+    ] {
+        let status = raw_quota_stream(&server, body).await;
+        assert_eq!(status, tonic::Code::Internal as i32, "{case}");
+    }
+    let text = common::scrape(server.http).await;
+    let ended = common::sample(
+        &text,
+        "floodgate_rlqs_stream_ends_total{reason=\"malformed_frame\"}",
+    );
+    assert_eq!(ended, Some(3.0));
+    server.stop().await;
+}
+
+/// `--grpc-max-connections 2`: a connection whose quota stream reported 2 s ago and a unary
+/// caller's from 0.2 s ago. The stream's connection was taken for idle (over 1 s) and
+/// evicted, ending the stream UNAVAILABLE; a connection whose stream reported within two of
+/// its intervals now stays, and the newcomer is the one refused.
+#[tokio::test]
+async fn at_the_cap_a_reporting_quota_connection_is_never_evicted() {
+    let server = TestServer::start_with(&[("api.yaml", &rules())], |settings| {
+        settings.grpc_limits.max_connections = 2;
+    })
+    .await;
+    let id: &[(&str, &str)] = &[("r0", "quota")];
+    let mut quota = crate::rlqs::Quota::open(server.grpc).await;
+    quota.report("api", id, 0, 0).await;
+    let mut unary = server.client().await;
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    should_rate_limit(&mut unary, request("api", vec![descriptor(&[("r1", "u")])])).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A third connection: nothing may make room for it.
+    let newcomer = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = newcomer {
+        let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+        let call = request("api", vec![descriptor(&[("r2", "n")])]);
+        let _ = tokio::time::timeout(Duration::from_secs(3), client.should_rate_limit(call)).await;
+    }
+    // An evicted connection is closed 5 s after its GOAWAY (the listener's grace); the
+    // stream is still open after that and answers its next report.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let kind = quota.report("api", id, 0, 0).await;
+    assert!(!matches!(kind, crate::rlqs::Kind::Abandon), "{kind:?}");
     server.stop().await;
 }

@@ -55,13 +55,13 @@ descriptors:
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
 /// One quota stream, as Envoy's filter holds it.
-struct Quota {
+pub(crate) struct Quota {
     reports: mpsc::Sender<RateLimitQuotaUsageReports>,
     answers: Streaming<RateLimitQuotaResponse>,
 }
 
 impl Quota {
-    async fn open(addr: SocketAddr) -> Quota {
+    pub(crate) async fn open(addr: SocketAddr) -> Quota {
         let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
             .expect("uri")
             .connect()
@@ -70,7 +70,7 @@ impl Quota {
         Quota::on(channel).await
     }
 
-    async fn on(channel: tonic::transport::Channel) -> Quota {
+    pub(crate) async fn on(channel: tonic::transport::Channel) -> Quota {
         let mut client = RateLimitQuotaServiceClient::new(channel);
         let (reports, receiver) = mpsc::channel(64);
         let answers = client
@@ -81,12 +81,12 @@ impl Quota {
         Quota { reports, answers }
     }
 
-    async fn send(&self, report: RateLimitQuotaUsageReports) {
+    pub(crate) async fn send(&self, report: RateLimitQuotaUsageReports) {
         self.reports.send(report).await.expect("stream open");
     }
 
     /// The next answer, or the status that ended the stream.
-    async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
+    pub(crate) async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
         match tokio::time::timeout(ANSWER_LIMIT, self.answers.message()).await {
             Ok(Ok(Some(answer))) => Ok(answer),
             Ok(Ok(None)) => Err(tonic::Status::ok("stream ended")),
@@ -96,7 +96,7 @@ impl Quota {
     }
 
     /// The next action for `id`, passing over answers about other buckets (at most 50).
-    async fn action_for(&mut self, id: &[(&str, &str)]) -> BucketAction {
+    pub(crate) async fn action_for(&mut self, id: &[(&str, &str)]) -> BucketAction {
         let id = bucket_id(id);
         for _ in 0..50 {
             let answer = self.next().await.expect("an answer");
@@ -112,7 +112,7 @@ impl Quota {
     }
 
     /// Reports `id` and returns its answer.
-    async fn report(
+    pub(crate) async fn report(
         &mut self,
         domain: &str,
         id: &[(&str, &str)],
@@ -124,7 +124,7 @@ impl Quota {
     }
 }
 
-fn bucket_id(pairs: &[(&str, &str)]) -> BucketId {
+pub(crate) fn bucket_id(pairs: &[(&str, &str)]) -> BucketId {
     BucketId {
         bucket: pairs
             .iter()
@@ -134,10 +134,10 @@ fn bucket_id(pairs: &[(&str, &str)]) -> BucketId {
 }
 
 /// A bucket id's pairs, its allowed and its denied requests.
-type Reported<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+pub(crate) type Reported<'a> = (&'a [(&'a str, &'a str)], u64, u64);
 
 /// One message reporting `(id, allowed, denied)` per bucket over Envoy's 5 s.
-fn usages(domain: &str, buckets: &[Reported<'_>]) -> RateLimitQuotaUsageReports {
+pub(crate) fn usages(domain: &str, buckets: &[Reported<'_>]) -> RateLimitQuotaUsageReports {
     RateLimitQuotaUsageReports {
         domain: domain.to_owned(),
         bucket_quota_usages: buckets
@@ -157,7 +157,7 @@ fn usages(domain: &str, buckets: &[Reported<'_>]) -> RateLimitQuotaUsageReports 
 
 /// An assignment as the tests compare it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     AllowAll {
         ttl: Duration,
     },
@@ -175,7 +175,7 @@ enum Kind {
 
 /// An action as the tests compare it, after checking that Envoy reads it as meant: whole
 /// seconds of at least 1 for TTLs and fill intervals, `tokens_per_fill` set.
-fn kind(action: &BucketAction) -> Kind {
+pub(crate) fn kind(action: &BucketAction) -> Kind {
     let assignment = match action.bucket_action.as_ref().expect("an action") {
         Action::AbandonAction(_) => return Kind::Abandon,
         Action::QuotaAssignmentAction(assignment) => assignment,

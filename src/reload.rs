@@ -158,30 +158,27 @@ async fn load(
 }
 
 /// Loads the candidate rules of `dir` and swaps them in, or keeps the old ones and reports
-/// every error; the live rules are untouched either way.
+/// every error; the live rules and their load counters are untouched either way (a bad
+/// candidate counts in `floodgate_candidate_config_load_error`).
 pub async fn reload_candidates(dir: &Path, limiter: &Limiter) {
     let metrics = limiter.metrics();
     match load(dir, limiter).await {
         Ok(Ok(loaded))
             if limiter
                 .candidates()
-                .is_some_and(|rules| rules.compiled_from(&loaded.domains)) =>
-        {
-            metrics.config_load_success.inc();
-        }
+                .is_some_and(|rules| rules.compiled_from(&loaded.domains)) => {}
         Ok(Ok(loaded)) => {
             limiter.replace_candidates(Some(Matcher::new(loaded.domains)));
-            metrics.config_load_success.inc();
             tracing::info!(dir = %dir.display(), "candidate rules reloaded");
         }
         Ok(Err(errors)) => {
-            metrics.config_load_error.inc();
+            metrics.candidates.load_errors.inc();
             for error in &errors.0 {
                 tracing::error!(%error, "candidate rules rejected; keeping the previous ones");
             }
         }
         Err(error) => {
-            metrics.config_load_error.inc();
+            metrics.candidates.load_errors.inc();
             tracing::error!(%error, "candidate rules reload failed; keeping the previous ones");
         }
     }

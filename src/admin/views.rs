@@ -11,8 +11,8 @@ use std::sync::LazyLock;
 use base64::Engine as _;
 use base64::prelude::BASE64_STANDARD;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use super::AdminState;
 use crate::metrics::{CodeLabels, DECISION_CODES, KindLabels, RLQS_STRATEGIES, ReasonLabels};
@@ -50,7 +50,9 @@ pub fn page_policy() -> &'static str {
 /// The text of the page's one inline `<script>`.
 fn inline_script(page: &str) -> &str {
     let start = page.find("<script>").map_or(0, |at| at + "<script>".len());
-    let end = page[start..].find("</script>").map_or(page.len(), |at| start + at);
+    let end = page[start..]
+        .find("</script>")
+        .map_or(page.len(), |at| start + at);
     &page[start..end]
 }
 

@@ -44,6 +44,8 @@ pub const DEFAULT_CAPACITY: usize = 1_000_000;
 const SHARDS: usize = 64;
 /// Slots the sweep examines on every insert.
 const SWEEP_STEP: usize = 4;
+/// Candidate rules' buckets are held apart, in a map of this part of the cap.
+const CANDIDATE_SHARE: usize = 4;
 /// Slots the sweep examines when a shard is full, before evicting a live bucket.
 const FULL_SWEEP_STEP: usize = 32;
 /// Slots sampled to choose an eviction victim.
@@ -403,6 +405,14 @@ impl Backend for MemoryBackend {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn candidate_store(&self) -> Option<Arc<dyn Backend>> {
+        let capacity = (self.capacity / CANDIDATE_SHARE).max(SHARDS);
+        Some(Arc::new(MemoryBackend::with_clock(
+            capacity,
+            Arc::clone(&self.clock),
+        )))
     }
 
     fn evictions(&self) -> Option<u64> {

@@ -397,6 +397,13 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// A store of its own for candidate rules' buckets, for a backend that caps what it
+    /// holds (memory), so that candidates filling it never evict a live bucket. `None`:
+    /// candidates share this backend (Redis keeps every key it is given).
+    fn candidate_store(&self) -> Option<std::sync::Arc<dyn Backend>> {
+        None
+    }
+
     /// How long a request of `items` charges queued now would wait before it is sent,
     /// estimated from the recent drain rate; zero for a backend that does not queue or is
     /// not busy. Admission sheds on it before a call is matched (`crate::overload`).

@@ -2,12 +2,19 @@
 //! request, on the same descriptors, in buckets of their own ([`BucketKey::candidate`]), so
 //! that a new limit can be watched on real traffic before anyone enforces it.
 //!
-//! A candidate never changes an answer: its charges are decided independently of each other
-//! and of the live ones (each as if it were the only rule), concurrently with the live call,
-//! and a failure only counts in `floodgate_candidate_errors_total`.
+//! A candidate never changes an answer, by construction:
+//! - its buckets live in a store of their own (`Backend::candidate_store`: on memory, a
+//!   second bounded map), so filling them never evicts a live bucket;
+//! - its charges are decided in a task of their own, beside the live call and never
+//!   awaited by it, so a slow or stopped backend that only candidates use never delays a
+//!   live answer. At most [`MAX_IN_FLIGHT`] such tasks run at once; past that a request's
+//!   candidates are skipped, and both a skip and a failure only count in
+//!   `floodgate_candidate_errors_total`;
+//! - each charge is decided on its own (as if it were the only rule).
 
 use std::sync::Arc;
 
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::Instant;
 
 use super::rule_set::{Ranking, RuleSet};
@@ -18,10 +25,14 @@ use crate::metrics::{CandidateCounters, Metrics};
 use crate::rules::{Limit, Policy};
 use crate::top::TopKeys;
 
+/// Candidate decisions in flight at most, over every request.
+pub const MAX_IN_FLIGHT: usize = 1024;
+
 /// Loaded candidate rules and their counters, by rule id.
 pub(super) struct CandidateSet {
     pub(super) rules: RuleSet,
     counters: Box<[CandidateCounters]>,
+    in_flight: Arc<Semaphore>,
 }
 
 impl CandidateSet {
@@ -36,6 +47,7 @@ impl CandidateSet {
         CandidateSet {
             rules: RuleSet::new(matcher, true),
             counters,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         }
     }
 
@@ -47,7 +59,7 @@ impl CandidateSet {
             return Vec::new();
         }
         let mut trials = Vec::with_capacity(request.descriptors.len());
-        for (descriptor, entries) in request.descriptors.iter().enumerate() {
+        for entries in &request.descriptors {
             let Some(matched) = self.rules.matcher.lookup(domain, &entries.entries) else {
                 continue;
             };
@@ -56,25 +68,53 @@ impl CandidateSet {
             };
             let levels = matched.levels.iter().map(|(k, v, _)| (*k, *v));
             let bucket = BucketKey::candidate(domain, &matched.rule.path, levels, &policy);
+            let ranking = self.rules.ranking(top, &matched).map(|ranking| {
+                let levels = entries.entries.get(..ranking.levels);
+                let levels = levels.unwrap_or(&entries.entries).to_vec();
+                (ranking, levels)
+            });
             trials.push(Trial {
-                descriptor,
                 policy,
                 bucket,
                 cost: entries.cost,
                 rule_id: matched.rule_id,
-                ranking: self.rules.ranking(top, &matched),
+                ranking,
             });
         }
         trials
     }
 
-    /// Counts what the candidates decided for `request`, whose live answer denied it or not.
-    pub(super) fn settle(
+    /// Decides `trials` in a task of their own on `backend` by `work_ends`, then counts
+    /// them once the live answer is known: the returned sender takes whether it denied
+    /// (dropped unsent: it did not). `None`, counted as an error, when
+    /// [`MAX_IN_FLIGHT`] decisions are already running.
+    pub(super) fn spawn(
+        self: Arc<Self>,
+        backend: Arc<dyn Backend>,
+        metrics: Arc<Metrics>,
+        trials: Vec<Trial>,
+        work_ends: Instant,
+    ) -> Option<oneshot::Sender<bool>> {
+        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            metrics.candidates.errors.inc();
+            return None;
+        };
+        let (verdict, live) = oneshot::channel();
+        tokio::spawn(async move {
+            let tried = decide(&backend, work_ends, &trials).await;
+            let live_denied = live.await.unwrap_or(false);
+            self.settle(&trials, tried, live_denied, &metrics);
+            drop(permit);
+        });
+        Some(verdict)
+    }
+
+    /// Counts what the candidates decided for a request whose live answer denied it or not.
+    fn settle(
         &self,
         trials: &[Trial],
         outcomes: Option<Vec<Outcome>>,
         live_denied: bool,
-        request: &Request,
         metrics: &Metrics,
     ) {
         let Some(outcomes) = outcomes else {
@@ -91,9 +131,8 @@ impl CandidateSet {
             if live_denied {
                 counters.live_over_limit.inc_by(hits.cost);
             }
-            if let Some(ranking) = &trial.ranking {
-                let entries = &request.descriptors[trial.descriptor].entries;
-                hits.rank(ranking, trial.bucket, entries);
+            if let Some((ranking, levels)) = &trial.ranking {
+                hits.rank(ranking, trial.bucket, levels);
             }
         }
     }
@@ -101,17 +140,16 @@ impl CandidateSet {
 
 /// One descriptor as a candidate rule sees it.
 pub(super) struct Trial {
-    /// Its place in the request.
-    descriptor: usize,
     policy: Policy,
     bucket: BucketKey,
     cost: u64,
     rule_id: usize,
-    ranking: Option<Ranking>,
+    /// Where its keys are ranked, with the entries that name its key there.
+    ranking: Option<(Ranking, Vec<(String, String)>)>,
 }
 
 /// Decides `trials` by `work_ends`, each charge on its own; `None` when the backend failed.
-pub(super) async fn decide(
+async fn decide(
     backend: &Arc<dyn Backend>,
     work_ends: Instant,
     trials: &[Trial],

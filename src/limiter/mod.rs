@@ -127,6 +127,9 @@ pub struct Limiter {
     /// Rules evaluated beside the live ones that never change an answer.
     candidates: ArcSwapOption<CandidateSet>,
     backend: Arc<dyn Backend>,
+    /// Where candidate rules' buckets live: a store of their own where the backend caps
+    /// what it holds (`Backend::candidate_store`), else `backend`.
+    candidate_backend: Arc<dyn Backend>,
     metrics: Arc<Metrics>,
     top: TopKeys,
     cache: Option<OverLimitCache>,
@@ -148,6 +151,9 @@ impl Limiter {
         Limiter {
             rules: ArcSwap::from_pointee(RuleSet::new(rules, false)),
             candidates: ArcSwapOption::empty(),
+            candidate_backend: backend
+                .candidate_store()
+                .unwrap_or_else(|| Arc::clone(&backend)),
             backend,
             metrics,
             top: TopKeys::new(options.top),
@@ -281,30 +287,18 @@ impl Limiter {
             deadline: caller.deadline,
             connection: caller.connection,
         });
-        let candidates = self.candidates.load_full();
-        let trials = match &candidates {
-            Some(candidates) => candidates.trials(request, &self.top),
-            None => Vec::new(),
-        };
+        // The candidates' charges go beside the live ones, in a task the live answer never
+        // waits for; it is told whether the live answer denied.
+        let live_verdict = self.candidates.load_full().and_then(|candidates| {
+            let trials = candidates.trials(request, &self.top);
+            let backend = Arc::clone(&self.candidate_backend);
+            let metrics = Arc::clone(&self.metrics);
+            (!trials.is_empty()).then(|| candidates.spawn(backend, metrics, trials, work_ends))?
+        });
         let asked_at = Instant::now();
-        let live = async {
-            match &group {
-                Some(group) => Some(self.backend_call(work_ends, group).await),
-                None => None,
-            }
-        };
-        // The candidates' charges go beside the live ones, never after them.
-        let (live, tried) = if trials.is_empty() {
-            (live.await, None)
-        } else {
-            let tried = candidate::decide(&self.backend, work_ends, &trials);
-            let (live, tried) = tokio::join!(live, tried);
-            (live, Some(tried))
-        };
-        let settle_candidates = |live_denied: bool| {
-            if let (Some(candidates), Some(tried)) = (&candidates, tried) {
-                candidates.settle(&trials, tried, live_denied, request, &self.metrics);
-            }
+        let live = match &group {
+            Some(group) => Some(self.backend_call(work_ends, group).await),
+            None => None,
         };
         match live {
             Some(Ok(outcomes)) => {
@@ -318,15 +312,14 @@ impl Limiter {
                 }
             }
             Some(Err(error)) => {
-                if let Err(failed) = self.apply_failure_mode(error, &mut slots, &pending) {
-                    settle_candidates(false);
-                    return Err(failed);
-                }
+                self.apply_failure_mode(error, &mut slots, &pending)?;
             }
             None => {}
         }
         let response = self.finish(&slots);
-        settle_candidates(response.overall == Code::OverLimit);
+        if let Some(verdict) = live_verdict {
+            let _ = verdict.send(response.overall == Code::OverLimit);
+        }
         Ok(response)
     }
 

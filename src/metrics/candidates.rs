@@ -25,8 +25,12 @@ pub struct CandidateMetrics {
     hits: Family<RuleLabels, Counter>,
     over_limit: Family<RuleLabels, Counter>,
     live_over_limit: Family<RuleLabels, Counter>,
-    /// Candidate evaluations lost to a backend error or timeout (the answer is unaffected).
+    /// Candidate evaluations lost to a backend error or timeout, or skipped past the bound
+    /// on those in flight (the answer is unaffected).
     pub errors: Counter,
+    /// Candidate rule loads rejected (the previous candidates stay); apart from the live
+    /// rules' `config_load_error`, which alerts on the rules in force.
+    pub load_errors: Counter,
 }
 
 impl CandidateMetrics {
@@ -48,8 +52,13 @@ impl CandidateMetrics {
         );
         registry.register(
             "candidate_errors",
-            "Candidate evaluations lost to a backend error; answers are unaffected",
+            "Candidate evaluations lost to a backend error, or skipped under load; answers are unaffected",
             self.errors.clone(),
+        );
+        registry.register(
+            "candidate_config_load_error",
+            "Candidate rule loads rejected; the previous candidates stay",
+            self.load_errors.clone(),
         );
     }
 

@@ -218,3 +218,80 @@ async fn at_the_cap_a_reporting_quota_connection_is_never_evicted() {
     assert!(!matches!(kind, crate::rlqs::Kind::Abandon), "{kind:?}");
     server.stop().await;
 }
+
+/// A live rule of one request an hour per user, and a candidate of a day's window.
+const LIVE_USERS: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+const DAY_CANDIDATE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1000}\n  - key: fast\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
+
+/// A memory backend capped at 6,400 buckets holds 4,000 users' live buckets. A candidate
+/// rule's 4,000 buckets beside them evicted live ones, and 2,380 of 4,000 second calls were
+/// wrongly admitted; candidates now live in a store of their own.
+#[tokio::test]
+async fn a_candidate_never_evicts_a_live_bucket_from_a_full_memory_backend() {
+    common::away_from_an_hour_boundary().await;
+    let candidates = common::config_dir(&[("api.yaml", DAY_CANDIDATE)]);
+    let dir = candidates.path().to_path_buf();
+    let server = TestServer::start_with(&[("api.yaml", LIVE_USERS)], move |settings| {
+        settings.candidate_dir = Some(dir);
+        settings.backend = floodgate::backend::BackendSettings::Memory { max_buckets: 6400 };
+    })
+    .await;
+    let mut client = server.client().await;
+    let mut admitted = [0u32; 2];
+    for admitted in &mut admitted {
+        for user in 0..4000 {
+            let call = request("api", vec![descriptor(&[("user", &format!("u{user}"))])]);
+            let answer = should_rate_limit(&mut client, call).await;
+            *admitted += u32::from(answer.overall_code == 1);
+        }
+    }
+    assert_eq!(admitted, [4000, 0], "first and second calls admitted");
+    server.stop().await;
+}
+
+/// The per-second Redis only a candidate rule uses hangs (SIGSTOP). Every live answer
+/// waited for the backend timeout (0.5 ms to 502 ms); the live answer is now sent when the
+/// live decision is made, the candidate finishing on its own.
+#[tokio::test]
+async fn a_hung_backend_only_a_candidate_uses_never_delays_a_live_answer() {
+    use floodgate::backend::BackendSettings;
+    common::away_from_an_hour_boundary().await;
+    let main = common::redis::RedisServer::start();
+    let per_second = common::redis::RedisServer::start();
+    let candidates = common::config_dir(&[("api.yaml", DAY_CANDIDATE)]);
+    let dir = candidates.path().to_path_buf();
+    let timeout = Duration::from_secs(3);
+    let redis = |url: String| BackendSettings::Redis {
+        url,
+        options: common::redis_options(timeout),
+    };
+    let backend = BackendSettings::PerSecond {
+        main: Box::new(redis(main.url())),
+        per_second: Box::new(redis(per_second.url())),
+    };
+    let server = TestServer::start_with(&[("api.yaml", LIVE_USERS)], move |settings| {
+        settings.candidate_dir = Some(dir);
+        settings.backend = backend;
+        settings.limiter.backend_timeout = timeout;
+    })
+    .await;
+    let mut client = server.client().await;
+    let call = || {
+        request(
+            "api",
+            vec![descriptor(&[("user", "u")]), descriptor(&[("fast", "f")])],
+        )
+    };
+    should_rate_limit(&mut client, call()).await;
+    per_second.signal("STOP");
+    let started = tokio::time::Instant::now();
+    for _ in 0..3 {
+        let answer = should_rate_limit(&mut client, call()).await;
+        assert_eq!(answer.overall_code, 2, "the live rule denies");
+    }
+    let took = started.elapsed();
+    per_second.signal("CONT");
+    // Three answers, each of which waited the 3 s timeout before.
+    assert!(took < timeout, "three live answers took {took:?}");
+    server.stop().await;
+}

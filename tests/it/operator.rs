@@ -132,6 +132,12 @@ async fn candidates_never_change_an_answer(adjust: impl FnOnce(&mut floodgate::s
             assert_eq!(code, Code::OverLimit as i32, "call {i}");
         }
     }
+    // Candidates are counted in a task of their own, once the live answer is known.
+    let counted = eventually(Duration::from_secs(5), async || {
+        get_json(&server, "/overview").await["candidates"][0]["hits"] == 12
+    })
+    .await;
+    assert!(counted, "the candidate did not count every hit");
     let overview = get_json(&server, "/overview").await;
     let candidate = &overview["candidates"][0];
     assert_eq!(candidate["name"], "stricter");
@@ -197,12 +203,18 @@ async fn candidate_rules_reload_and_a_bad_file_keeps_the_last_good_ones() {
     let rejected = eventually(Duration::from_secs(10), async || {
         scrape(server.http)
             .await
-            .contains("floodgate_config_load_error_total 1")
+            .contains("floodgate_candidate_config_load_error_total 1")
     })
     .await;
     assert!(
         rejected,
         "the broken candidate file was not counted as rejected"
+    );
+    // Apart from the live rules' load errors, which alert on the rules in force.
+    assert!(
+        scrape(server.http)
+            .await
+            .contains("floodgate_config_load_error_total 0")
     );
     let overview = get_json(&server, "/overview").await;
     assert_eq!(

@@ -81,6 +81,10 @@ end
 -- than min(k, L - k + 1) members (`wait_reads` in src/algorithm/sliding_log.rs).
 local function wait(k)
   if k > L or live > L then
+    -- Nothing live: as long as a booking of k would last, never 0 for a denial.
+    if live == 0 then
+      return W
+    end
     return until_newest_leaves()
   end
   local excess = live + k - L

@@ -116,11 +116,13 @@ local function check(book_on_deny)
     c = c + n
     return true, remaining, W - e, true
   end
-  local reset = wait(n)
   if book_on_deny then
-    c = math.min(c + n, MAX)
+    -- Debt has an end: a cost fills the window, never more (sliding_window.rs); the wait
+    -- is then until a cost-1 request fits.
+    c = math.min(c + n, math.max(c, L))
+    return false, 0, wait(1), true
   end
-  return false, 0, reset, book_on_deny
+  return false, 0, wait(n), false
 end
 
 -- A cost-1 probe that books nothing: allowed, remaining, reset_ms.

@@ -119,13 +119,12 @@ local function check(book_on_deny)
     updated = now
     return true, math.floor((C - level) / U), cdiv(level, lambda), true
   end
-  local reset = cdiv(u0 - room, lambda)
+  -- Past one period the wait is the debt's, whatever the cost asked; a huge n*U is
+  -- inexact, but then far past C, so the min() is exact.
+  local reset = cdiv(math.min(u0 - room, C), lambda)
   if book_on_deny then
-    if u0 >= MAX - n * U then
-      level = MAX
-    else
-      level = u0 + n * U
-    end
+    -- Debt has an end: a cost-1 request fits again within one period (token_bucket.rs).
+    level = math.min(u0 + n * U, 2 * C - U, MAX)
     updated = now
   end
   return false, 0, reset, book_on_deny

@@ -14,8 +14,8 @@
 //!   OVER: remaining 0, nothing written, R = the wait until enough units leave: with
 //!   `k = count + n - L`, walk from the oldest live entry summing counts until the sum
 //!   reaches `k`; R = that entry's `ts + W - now`. When `n > L` (never fits), or when the
-//!   log holds more than `L` (the limit was lowered), R = `newest_ts + W - now`, or 0 for an
-//!   empty log.
+//!   log holds more than `L` (the limit was lowered), R = `newest_ts + W - now`, or `W` for
+//!   a log with nothing live (a denial never answers 0).
 //! - under `consume` a denial books its cost too, without a new entry: it joins the newest
 //!   entry, which moves to `now` (merged in place when the clock went backwards), or starts
 //!   the log when it is empty. So the log never holds more entries than admitted bookings
@@ -116,7 +116,12 @@ impl SlidingLog {
     /// upper bound, so no denial ever reads more than `wait_reads` entries in Redis.
     fn wait(&self, params: &Params, now_ms: i64, live: &Live, cost: u64) -> u64 {
         if cost > params.limit || live.count > params.limit {
-            return self.until_newest_leaves(params, now_ms, live);
+            // A cost that never fits, on a log with nothing live: as long as a booking
+            // of it would last, never 0 for a denial.
+            return match self.until_newest_leaves(params, now_ms, live) {
+                0 => reset(params.window()),
+                wait => wait,
+            };
         }
         let excess = u128::from(live.count) + u128::from(cost) - u128::from(params.limit);
         let mut left = 0u128;
@@ -290,7 +295,8 @@ mod tests {
     fn never_fitting_cost_waits_for_the_newest() {
         let p = params(5);
         let mut log = SlidingLog::default();
-        assert_eq!(log.check(&p, NOW, 6, false).reset_ms, 0);
+        // Nothing live: as long as a booking would last, never 0 for a denial.
+        assert_eq!(log.check(&p, NOW, 6, false).reset_ms, W as u64);
         log.check(&p, NOW, 1, false);
         log.check(&p, NOW + 5_000, 1, false);
         let v = log.check(&p, NOW + 6_000, 6, false);

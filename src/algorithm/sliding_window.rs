@@ -10,8 +10,12 @@
 //! - check `n`: allow iff `c + n <= L` and `p*(W-e) + (c+n)*W <= L*W` (the first test only
 //!   keeps the products small; it is implied by the second). OK: `c += n`, remaining
 //!   `floor((L*W - p*(W-e) - c*W) / W)`, R = `W - e`.
-//!   OVER: remaining 0, no write unless `consume` (`c = min(c + n, 2^53)`), and R = the
-//!   earliest wait after which `n` fits if nothing else is booked:
+//!   OVER: remaining 0, no write unless `consume`, and R = the earliest wait after which
+//!   `n` fits if nothing else is booked. Under `consume` the denial books
+//!   `c = min(c + n, max(c, L))`: debt has an end, a cost fills the window but never weighs
+//!   into the next more than a full window does, so the lock ends within `W - e + W/L`
+//!   whatever the cost; R is then the wait for a cost-1 request (`n = 1` below, after the
+//!   booking). The waits:
 //!   - `c + n <= L` (so `p > 0`): `ceil((p*(W-e) - (L-c-n)*W) / p)`, within this window;
 //!   - `n > L` (never fits): `(W - e) + W`, the end of the next window;
 //!   - otherwise it fits in the next window once `c` (then previous) has faded enough:
@@ -24,7 +28,7 @@
 //!
 //! Products are computed in 128 bits here; validation keeps `L*W <= 2^53` for Lua.
 
-use super::{Counter, MAX_COUNT, Params, Verdict, div_ceil, instant, reset};
+use super::{Counter, Params, Verdict, div_ceil, instant, reset};
 
 /// Counts of the current and the previous window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,14 +122,18 @@ impl Counter for SlidingWindow {
                     booked: true,
                 }
             }
-            None => {
-                let reset_ms = at.wait(params, cost);
-                if book_on_deny {
-                    *self = at.state;
-                    self.current = self.current.saturating_add(cost).min(MAX_COUNT);
-                }
-                Verdict::denied(reset_ms, book_on_deny)
+            None if book_on_deny => {
+                *self = at.state;
+                let most = self.current.max(params.limit);
+                self.current = self.current.saturating_add(cost).min(most);
+                // Booked: the wait is until a cost-1 request fits again.
+                let after = At {
+                    state: self.clone(),
+                    ..at
+                };
+                Verdict::denied(after.wait(params, 1), true)
             }
+            None => Verdict::denied(at.wait(params, cost), false),
         }
     }
 
@@ -190,8 +198,11 @@ mod tests {
         let v = s.check(&p, BASE + 15_000, 5, true);
         assert!(!v.allowed && v.booked);
         assert_eq!(s.current, 8);
-        s.check(&p, BASE + 15_000, u64::MAX, true);
-        assert_eq!(s.current, MAX_COUNT);
+        // A cost fills the window and no more: the debt ends with the next window's fade.
+        let v = s.check(&p, BASE + 15_000, u64::MAX, true);
+        assert_eq!(s.current, 10);
+        // Until a cost-1 request fits: p = 10 fades to 9 in the next window.
+        assert_eq!(v.reset_ms, 45_000 + 6_000);
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //!   reported after the response was spent whatever the burst).
 //! - check `n`: allow iff `u0 + n*U <= C`. OK: store `{u1 = u0 + n*U, now}`, remaining
 //!   `floor((C - u1) / U)`, R = `ceil(u1 / λ)` (until empty again). OVER: remaining 0,
-//!   R = `ceil((u0 + n*U - C) / λ)` (until this request would fit); under `consume` store
-//!   `{min(u0 + n*U, 2^53), now}`, else no write.
+//!   R = `ceil(min(u0 + n*U - C, C) / λ)` (until this request would fit, at most one
+//!   period); under `consume` store `{min(u0 + n*U, 2C - U, 2^53), now}`, else no write.
+//!   Debt has an end: after any one booking a cost-1 request fits again within one period
+//!   (`C / λ`, the time the burst takes to refill), whatever the cost.
 //! - a cost spent over the `s` ms before now (a quota report, `s` at most [`MAX_SPREAD_MS`])
 //!   is booked from its start: `a = (u decayed to max(t, now - s))`, `u0' = a + n*U - (now -
 //!   max(t, now - s)) * λ`, and the check above runs with `u0'` for `u0 + n*U`, and 0 for the
@@ -80,6 +82,13 @@ impl Scale {
         })
     }
 
+    /// The most a level may hold after a booking under `consume`: a cost-1 request then
+    /// fits again after one period (`C / λ`, the time to refill the burst), whatever was
+    /// booked. Kept within 2^53 so that Lua's doubles hold it exactly.
+    fn debt_cap(&self) -> u128 {
+        (2 * self.capacity - self.unit).min(u128::from(MAX_COUNT))
+    }
+
     /// ms until `units` have leaked.
     fn drain_ms(&self, units: u128) -> u64 {
         reset(units.div_ceil(self.leak) as i128)
@@ -136,10 +145,14 @@ impl Counter for TokenBucket {
             };
         }
         if book_on_deny {
-            self.level = needed.min(u128::from(MAX_COUNT)) as u64;
+            self.level = needed.min(scale.debt_cap()) as u64;
             self.updated_ms = now_ms;
         }
-        over(scale.drain_ms(needed - scale.capacity), book_on_deny)
+        // Past one period the wait is the debt's, whatever the cost asked.
+        over(
+            scale.drain_ms((needed - scale.capacity).min(scale.capacity)),
+            book_on_deny,
+        )
     }
 
     fn peek(&self, params: &Params, now_ms: i64) -> Verdict {
@@ -229,13 +242,21 @@ mod tests {
         assert_eq!(b.level, 1500);
         assert_eq!(b.peek(&p, NOW).remaining, 0);
         assert_eq!(b.peek(&p, NOW).reset_ms, 600);
+        // Debt has an end: however much is booked, the level stops at 2C - U (U = 100,
+        // C = 1000 units at 10 a second), where a cost-1 request fits again after one
+        // period (the burst's refill, 1 s).
         for _ in 0..100 {
-            b.check(&p, NOW, 10, true);
+            let v = b.check(&p, NOW, 10, true);
+            assert!(v.reset_ms <= 1000);
         }
-        assert_eq!(b.level, 101_500);
+        assert_eq!(b.level, 1900);
+        assert_eq!(b.peek(&p, NOW).reset_ms, 1000);
+        let v = b.check(&p, NOW, u64::MAX, true);
+        assert_eq!((v.reset_ms, b.level), (1000, 1900));
+        // A level above the cap (booked before it) comes down to it at the next booking.
         b.level = MAX_COUNT - 1;
         b.check(&p, NOW, 10, true);
-        assert_eq!(b.level, MAX_COUNT);
+        assert_eq!(b.level, 1900);
     }
 
     #[test]

@@ -308,6 +308,11 @@ fn decision_code(result: &Result<RateLimitResponse, DecideError>) -> &'static st
     }
 }
 
+/// The most one descriptor's cost counts as: 2^53, far past any rule's limit or burst
+/// (`L` is 32 bits), so a cost up to 2^64-1 decides the same, with the same `reset`, on
+/// every backend (Lua's numbers are exact to 2^53; Redis takes signed 64-bit words).
+pub const MAX_COST: u64 = crate::algorithm::MAX_COUNT;
+
 /// Translates and validates a protobuf request.
 ///
 /// # Errors
@@ -344,7 +349,8 @@ pub fn to_request(request: &RateLimitRequest) -> Result<Request, InvalidRequest>
                     .collect(),
                 cost: descriptor
                     .hits_addend
-                    .map_or(request_cost, |addend| addend.value),
+                    .map_or(request_cost, |addend| addend.value)
+                    .min(MAX_COST),
                 limit_override,
             })
         })

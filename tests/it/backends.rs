@@ -39,6 +39,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2, on_over_limit: consume}
   - key: zero
     rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: debt
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: token_bucket, on_over_limit: consume}
   - key: free
     rate_limit: {unlimited: true}
 "#;
@@ -125,12 +127,22 @@ async fn run_scenarios(server: &TestServer) -> Vec<Observed> {
     for cost in [2, 1, 1] {
         observed.push(call(vec![d("locked_full", "a", Some(cost))]).await);
     }
+    // Issue 46: debt has an end and every backend answers the same reset for any cost, up
+    // to 2^64-1 (Redis takes signed 64-bit words; Lua's numbers are exact to 2^53). Each
+    // locks the token bucket for one period (60 s), never more.
+    for (value, cost) in [("a", u64::from(u32::MAX)), ("b", 1 << 53), ("c", u64::MAX)] {
+        observed.push(call(vec![d("debt", value, Some(cost))]).await);
+        observed.push(call(vec![d("debt", value, Some(0))]).await);
+    }
+    // A sliding-log cost past its limit on an empty log: denied, and never reset 0.
+    observed.push(call(vec![d("log", "huge", Some(u64::MAX))]).await);
     observed
 }
 
 /// Calls whose resets do not depend on where the wall clock stands in an hour-long window:
-/// the token buckets (4 to 7) and the lockouts (17, 25, 26).
-const CLOCK_FREE_RESETS: [usize; 7] = [4, 5, 6, 7, 17, 25, 26];
+/// the token buckets (4 to 7, 27 to 32), the lockouts (17, 25, 26) and a never-fitting
+/// sliding-log cost (33).
+const CLOCK_FREE_RESETS: [usize; 14] = [4, 5, 6, 7, 17, 25, 26, 27, 28, 29, 30, 31, 32, 33];
 
 /// Drops the reset values that depend on the wall clock (they differ by a second between
 /// the runs on different backends).
@@ -217,6 +229,15 @@ fn assert_expected(observed: &[Observed]) {
     );
     assert_eq!(statuses(25)[0], (OVER, 0, Some(600)), "first denial locks");
     assert_eq!(statuses(26)[0], (OVER, 0, Some(600)), "the lock denies");
+    for (i, cost) in (27..33).step_by(2).zip(["2^32-1", "2^53", "2^64-1"]) {
+        assert_eq!(statuses(i)[0], (OVER, 0, Some(60)), "debt of {cost}");
+        assert_eq!(statuses(i + 1)[0], (OVER, 0, Some(60)), "peek after {cost}");
+    }
+    assert_eq!(
+        statuses(33)[0],
+        (OVER, 0, Some(3600)),
+        "sliding log, 2^64-1"
+    );
 }
 
 /// Redis options whose keys start with `prefix`, so runs on one server stay apart.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::Limiter;
-use crate::backend::{BackendError, BucketKey, Charge, Group, Outcome};
+use crate::backend::{BackendError, BucketKey, Charge, Group, Outcome, Refund};
 use crate::overload::{self, Caller};
 use crate::rules::{Limit, Policy, Rule};
 
@@ -29,26 +29,27 @@ pub struct QuotaBucket {
     pub policy: Policy,
     /// The bucket ShouldRateLimit charges for the same descriptor.
     pub bucket: BucketKey,
-    /// The bucket's demand counter, counted under the `demand` policy given to
-    /// [`Limiter::quota_rule`].
-    pub demand: BucketKey,
+    /// The bucket's fairness counters (demand, capped demand, presence: `rlqs::fair`),
+    /// counted under the `counters` policy given to [`Limiter::quota_rule`].
+    pub counters: [BucketKey; 3],
     /// Denials are reported, never enforced (a `shadow_mode` rule, or global shadow mode).
     pub shadow: bool,
 }
 
-/// Appended to a rule path to name its demand counter. A NUL cannot appear in a rule path
-/// read from YAML or xDS keys in practice, so no rule's own bucket can be named alike.
-const DEMAND_SUFFIX: &str = "\0rlqs-demand";
+/// Appended to a rule path to name its fairness counters (demand, capped demand,
+/// presence). A NUL cannot appear in a rule path read from YAML or xDS keys in practice, so
+/// no rule's own bucket can be named alike.
+const COUNTER_SUFFIXES: [&str; 3] = ["\0rlqs-demand", "\0rlqs-capped", "\0rlqs-presence"];
 
 impl Limiter {
     /// Resolves a quota bucket id, given as entries sorted by key, as one descriptor of
-    /// `domain` (limit overrides do not exist in RLQS). `demand` is the policy of the
-    /// bucket's demand counter, which takes part in its name.
+    /// `domain` (limit overrides do not exist in RLQS). `counters` is the policy of the
+    /// bucket's fairness counters, which takes part in their names.
     pub fn quota_rule(
         &self,
         domain: &str,
         entries: &[(String, String)],
-        demand: &Policy,
+        counters: &Policy,
     ) -> QuotaRule {
         let rules = self.rules.load();
         let Some(matched) = rules.matcher.lookup(domain, entries) else {
@@ -60,14 +61,16 @@ impl Limiter {
         };
         let levels = || matched.levels.iter().map(|(k, v, _)| (*k, *v));
         let bucket = BucketKey::new(domain, &rule.path, levels(), &policy);
-        let demand_path = format!("{}{DEMAND_SUFFIX}", rule.path);
-        let demand = BucketKey::new(domain, &demand_path, levels(), demand);
+        let counters = COUNTER_SUFFIXES.map(|suffix| {
+            let path = format!("{}{suffix}", rule.path);
+            BucketKey::new(domain, &path, levels(), counters)
+        });
         let shadow = rule.shadow_mode || self.options.shadow_mode;
         QuotaRule::Limited(Box::new(QuotaBucket {
             rule,
             policy,
             bucket,
-            demand,
+            counters,
             shadow,
         }))
     }
@@ -96,5 +99,18 @@ impl Limiter {
             self.options.backend_timeout,
         );
         self.backend_call(work_ends, &group).await
+    }
+
+    /// Applies a quota stream's refunds (a stream that ends takes its fairness counts out
+    /// of the shared counters), within `--backend-timeout`.
+    ///
+    /// # Errors
+    /// The backend failed or timed out; the counts then fade out with their window.
+    pub async fn quota_refunds(&self, refunds: &[Refund]) -> Result<(), BackendError> {
+        match tokio::time::timeout(self.options.backend_timeout, self.backend.refund(refunds)).await
+        {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::Timeout),
+        }
     }
 }

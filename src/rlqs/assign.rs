@@ -19,6 +19,7 @@ use std::time::Duration;
 use crate::rules::{Algorithm, Policy};
 
 use super::pace;
+use super::strategy::{Assignment, Strategy};
 
 /// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
 pub const BURST_FRACTION: f64 = 0.05;
@@ -50,57 +51,6 @@ const MAX_FILL_SECONDS: f64 = 3600.0;
 /// neighbour that keeps the rate within 0.5%.
 const DISTINCT_FILLS: u32 = 10;
 
-/// What a client does with a bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Admit everything.
-    AllowAll,
-    /// Deny everything.
-    DenyAll,
-    /// Envoy's token bucket: starts with `max_tokens`, gains `tokens_per_fill` every
-    /// `fill_interval` (whole seconds, at least 1), continuously.
-    TokenBucket {
-        /// Capacity, and the tokens a new bucket starts with.
-        max_tokens: u32,
-        /// Tokens added each fill.
-        tokens_per_fill: u32,
-        /// Time between fills.
-        fill_interval: Duration,
-    },
-}
-
-impl Strategy {
-    /// The label of the `floodgate_rlqs_assignments` metric.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Strategy::AllowAll => "allow_all",
-            Strategy::DenyAll => "deny_all",
-            Strategy::TokenBucket { .. } => "token_bucket",
-        }
-    }
-
-    /// Tokens per second of a token bucket.
-    pub fn rate(&self) -> Option<f64> {
-        match self {
-            Strategy::TokenBucket {
-                tokens_per_fill,
-                fill_interval,
-                ..
-            } => Some(f64::from(*tokens_per_fill) / fill_interval.as_secs_f64()),
-            _ => None,
-        }
-    }
-}
-
-/// A strategy and how long it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Assignment {
-    /// What to do.
-    pub strategy: Strategy,
-    /// When the client drops it (and applies its expired-assignment behaviour).
-    pub ttl: Duration,
-}
-
 /// The bucket's budget as the backend saw it when a report was booked (or on a peek).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -110,26 +60,6 @@ pub struct Budget {
     pub remaining: u64,
     /// Time until the reset the algorithm defines (for a closed budget: until one fits).
     pub reset: Duration,
-}
-
-/// A stream's part of a bucket's rate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Share {
-    /// Its demand over everyone's (0..=1).
-    pub fraction: f64,
-    /// Requests a second it keeps whatever the fraction says (up to what the rates may add
-    /// up to): the rate it admitted before this stream, while the shared demand counters
-    /// still count that rate a second time, under its old stream.
-    pub floor: f64,
-}
-
-impl From<f64> for Share {
-    fn from(fraction: f64) -> Share {
-        Share {
-            fraction,
-            floor: 0.0,
-        }
-    }
 }
 
 /// A duration as Envoy reads it: whole seconds, at least 1, rounded up.
@@ -143,15 +73,29 @@ pub fn ttl(interval: Duration) -> Duration {
     whole_seconds(interval * TTL_INTERVALS)
 }
 
-/// Sizes a stream's assignment: `share` of `budget` under `policy`, for a client reporting
-/// every `interval`.
-pub fn size(
-    policy: &Policy,
-    budget: Budget,
-    share: impl Into<Share>,
-    interval: Duration,
-) -> Assignment {
-    let share = share.into();
+/// The rate a second that every stream's part of `budget` under `policy` is taken from:
+/// `L / W`, or for a fixed window whatever is left of it until the reset, for clients
+/// reporting every `interval`.
+pub fn per_second(policy: &Policy, budget: Budget, interval: Duration) -> f64 {
+    let window = Duration::from_millis(policy.window_ms().max(1));
+    let per_second = f64::from(policy.requests_per_unit) / window.as_secs_f64();
+    // A fixed window spent early by others (ShouldRateLimit, other replicas) has less
+    // than `L / W` left; near the reset the estimate is noise, and the refill is close.
+    if policy.algorithm == Algorithm::FixedWindow && budget.reset >= ttl(interval) {
+        return per_second.min(budget.remaining as f64 / budget.reset.as_secs_f64());
+    }
+    per_second
+}
+
+/// The rate the shares of every stream add up to, before a paced stream's room for bursts
+/// is handed back to it ([`size`]): the room `fair::rate` divides.
+pub fn room(per_second: f64) -> f64 {
+    per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN)
+}
+
+/// Sizes a stream's assignment: its `fraction` of the [`room`] of `budget` under `policy`,
+/// for a client reporting every `interval`.
+pub fn size(policy: &Policy, budget: Budget, fraction: f64, interval: Duration) -> Assignment {
     let ttl = ttl(interval);
     if !budget.open || policy.requests_per_unit == 0 {
         // Rounded up: the stream pushes the refill when it comes, which ends the denial on
@@ -161,15 +105,8 @@ pub fn size(
             ttl: whole_seconds(budget.reset),
         };
     }
-    let fraction = share.fraction.clamp(0.0, 1.0);
-    let window = Duration::from_millis(policy.window_ms().max(1));
-    let limit = f64::from(policy.requests_per_unit);
-    let mut per_second = limit / window.as_secs_f64();
-    // A fixed window spent early by others (ShouldRateLimit, other replicas) has less
-    // than `L / W` left; near the reset the estimate is noise, and the refill is close.
-    if policy.algorithm == Algorithm::FixedWindow && budget.reset >= ttl {
-        per_second = per_second.min(budget.remaining as f64 / budget.reset.as_secs_f64());
-    }
+    let fraction = fraction.clamp(0.0, 1.0);
+    let per_second = per_second(policy, budget, interval);
     let capacity = match policy.algorithm {
         Algorithm::TokenBucket => u64::from(policy.burst),
         _ => u64::from(policy.requests_per_unit),
@@ -188,8 +125,7 @@ pub fn size(
     } else {
         BURST_FRACTION + ESTIMATE_MARGIN
     };
-    let rates = per_second * (1.0 - reserve);
-    let rate = (fraction * rates).max(share.floor.min(rates));
+    let rate = fraction * per_second * (1.0 - reserve);
     Assignment {
         strategy: token_bucket(burst, rate),
         ttl,
@@ -366,22 +302,6 @@ mod tests {
         // Two streams: not paced, and the bursts keep their room.
         let pair = size(&policy, open(100, 10_000), 0.5, INTERVAL);
         assert!((rate(&pair.strategy) - 4.5).abs() < 4.5 * 0.005);
-    }
-
-    #[test]
-    fn a_floor_keeps_a_rate_up_to_what_the_rates_may_add_up_to() {
-        let policy = Policy::fixed_window(1000, Unit::Second);
-        let kept = |floor| {
-            let share = Share {
-                fraction: 1.0 / 3.0,
-                floor,
-            };
-            rate(&size(&policy, open(1000, 1000), share, INTERVAL).strategy)
-        };
-        assert!((kept(0.0) - 300.0).abs() < 1.0);
-        assert!((kept(800.0) - 800.0).abs() < 1.0);
-        // Never past the 0.9 of the limit that every stream's rate adds up to.
-        assert!((kept(5000.0) - 900.0).abs() < 1.0);
     }
 
     #[test]

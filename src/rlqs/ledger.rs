@@ -1,54 +1,30 @@
 //! The backend side of a quota bucket: booking what clients report into the bucket
-//! ShouldRateLimit charges, and recording demand where every replica sees it.
-//!
-//! Demand (allowed + denied) goes into a sliding-window counter next to the bucket (its
-//! own key, same backend), so the total over every stream of every replica is one read;
-//! each stream keeps the same counter of its own demand in process. A stream's share is
-//! its demand rate (from its latest report) over everyone's: the total less its own
-//! counter, over [`DEMAND_WINDOW`], plus its own rate. Its own counter peaks right after
-//! its report while the others' are read at any point of theirs, so counters alone would
-//! overstate every stream's share (by 12-20% with 5 s reports: the shares added up to
-//! 1.2). A stream that goes away fades out of the total within two windows. This needs no
-//! backend operation beyond the charges and peeks every backend already makes atomically.
+//! ShouldRateLimit charges, and the fairness counters (`fair`) beside it, where every
+//! replica reads them, all through the limiter as ShouldRateLimit's charges go. This needs
+//! no backend operation beyond the charges, peeks and refunds every backend already makes
+//! atomically.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::Bucket;
-use crate::backend::{BackendError, Charge, Outcome};
+use crate::backend::{BackendError, Charge, Outcome, Refund};
 use crate::limiter::{Limiter, QuotaBucket, always_over};
 use crate::overload::Caller;
-use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
+use crate::rules::{OnOverLimit, Policy};
 
 use super::assign::Budget;
-
-/// Length of the demand counters' sliding window.
-pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
+use super::fair::{self, Booked, Counts, OwnCounts};
 
 /// Rounds of peek-then-book when a report does not fit whole (others booking meanwhile).
 const SATURATE_ROUNDS: usize = 3;
-
-/// The policy of every demand counter: a sliding window that never denies and books
-/// whatever it is given.
-pub fn demand_policy() -> Policy {
-    Policy {
-        algorithm: Algorithm::SlidingWindow,
-        unit: Unit::Second,
-        unit_multiplier: DEMAND_WINDOW.as_secs() as u32,
-        requests_per_unit: u32::MAX,
-        burst: u32::MAX,
-        on_over_limit: OnOverLimit::Consume,
-        lockout: None,
-    }
-}
 
 /// What the backend said after a booking or a peek.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
     /// The bucket's budget.
     pub budget: Budget,
-    /// Demand of every stream over the demand window.
-    pub total_demand: u64,
+    /// The fairness counters of every stream over the demand window.
+    pub total: Counts,
 }
 
 /// What a bucket's reports carried that the backend has not yet booked.
@@ -56,8 +32,8 @@ pub struct Reading {
 pub struct Pending {
     /// Allowed requests, for the bucket.
     pub allowed: u64,
-    /// Allowed and denied requests, for the demand counter.
-    pub demand: u64,
+    /// The fairness counters' part.
+    pub counted: Booked,
     /// The time the reports covered (`time_elapsed`): a token bucket books `allowed` as
     /// spent over it.
     pub over: Duration,
@@ -65,9 +41,14 @@ pub struct Pending {
 
 impl Pending {
     /// Adds one report's counts, each up to `most`.
-    pub fn add(&mut self, allowed: u64, demand: u64, over: Duration, most: u64) {
-        self.allowed = self.allowed.saturating_add(allowed).min(most);
-        self.demand = self.demand.saturating_add(demand).min(most);
+    pub fn add(&mut self, allowed: u64, counted: Booked, over: Duration, most: u64) {
+        let add = |sum: u64, more: u64| sum.saturating_add(more).min(most);
+        self.allowed = add(self.allowed, allowed);
+        self.counted = Booked {
+            demand: add(self.counted.demand, counted.demand),
+            capped: add(self.counted.capped, counted.capped),
+            presence_ms: add(self.counted.presence_ms, counted.presence_ms),
+        };
         self.over = self.over.saturating_add(over);
     }
 }
@@ -86,8 +67,8 @@ impl Ledger {
 
     /// Books `pending.allowed` requests into the bucket, saturating at its limit: they
     /// already happened, so they are neither refused nor refunded, and never push the
-    /// bucket into debt. Books `pending.demand` into the demand counter. Nothing pending
-    /// only reads. Every backend call is made for `caller`.
+    /// bucket into debt. Books `pending.counted` into the fairness counters, in the same
+    /// backend call. Nothing pending only reads. Every backend call is made for `caller`.
     ///
     /// # Errors
     /// The backend failed, timed out or refused the work; nothing is known about what was
@@ -99,28 +80,26 @@ impl Ledger {
         caller: Caller,
     ) -> Result<Reading, BackendError> {
         let Pending {
-            allowed, demand, ..
+            allowed, counted, ..
         } = pending;
         let spread_ms = u64::try_from(pending.over.as_millis()).unwrap_or(u64::MAX);
         let call = |charges: Vec<Charge>| async move {
             self.limiter.quota_charges(&charges, caller).await
         };
         if quota.policy.requests_per_unit == 0 {
-            let outcomes = call(vec![self.demand(quota, demand)]).await?;
+            let outcomes = call(counters(quota, counted).to_vec()).await?;
             return Ok(Reading {
                 budget: budget(&always_over(&quota.policy)),
-                total_demand: counted(outcomes[0].remaining),
+                total: totals(&outcomes),
             });
         }
         // A lockout rule starts its lock on a denial, so never try what may not fit.
         let direct = allowed > 0 && quota.policy.lockout.is_none();
         let first = if direct { allowed } else { 0 };
-        let outcomes = call(vec![
-            self.charge(quota, first, spread_ms),
-            self.demand(quota, demand),
-        ])
-        .await?;
-        let total_demand = counted(outcomes[1].remaining);
+        let mut charges = vec![self.charge(quota, first, spread_ms)];
+        charges.extend(counters(quota, counted));
+        let outcomes = call(charges).await?;
+        let total = totals(&outcomes[1..]);
         let mut state = outcomes[0];
         // Whether `state` is a peek (it then says whether one more fits, and when it will).
         let mut peeked = first == 0;
@@ -152,7 +131,7 @@ impl Ledger {
         }
         Ok(Reading {
             budget: budget(&state),
-            total_demand,
+            total,
         })
     }
 
@@ -171,20 +150,44 @@ impl Ledger {
             spread_ms,
         }
     }
+}
 
-    fn demand(&self, quota: &QuotaBucket, cost: u64) -> Charge {
-        Charge {
-            bucket: quota.demand,
-            policy: demand_policy(),
-            cost,
-            spread_ms: 0,
-        }
+/// The charges that book `counted` into the bucket's fairness counters and read them.
+fn counters(quota: &QuotaBucket, counted: Booked) -> [Charge; 3] {
+    let costs = [counted.demand, counted.capped, counted.presence_ms];
+    std::array::from_fn(|i| Charge {
+        bucket: quota.counters[i],
+        policy: fair::counter_policy(),
+        cost: costs[i],
+        spread_ms: 0,
+    })
+}
+
+/// The fairness counters' totals from the outcomes of [`counters`].
+fn totals(outcomes: &[Outcome]) -> Counts {
+    let count = |i: usize| {
+        outcomes
+            .get(i)
+            .map_or(0, |outcome| fair::counted(outcome.remaining))
+    };
+    Counts {
+        demand: count(0),
+        capped: count(1),
+        presence_ms: count(2),
     }
 }
 
-/// A demand counter's count, from what its outcome says remains of `u32::MAX`.
-fn counted(remaining: u64) -> u64 {
-    u64::from(u32::MAX).saturating_sub(remaining)
+/// The refunds that take a stream's own counts of `quota` out of its shared counters.
+pub fn withdrawals(quota: &QuotaBucket, own: &OwnCounts) -> Vec<Refund> {
+    own.withdrawals()
+        .into_iter()
+        .zip(quota.counters)
+        .flat_map(|(bookings, bucket)| {
+            bookings.into_iter().map(move |(cost, booked_at_ms)| {
+                Refund::new(bucket, fair::counter_policy(), cost, booked_at_ms)
+            })
+        })
+        .collect()
 }
 
 /// The budget a booking's or a peek's outcome leaves.
@@ -194,50 +197,6 @@ fn budget(outcome: &Outcome) -> Budget {
         remaining: outcome.remaining,
         reset: Duration::from_millis(outcome.reset_ms),
     }
-}
-
-/// One stream's own demand for one bucket, counted like the shared counter.
-#[derive(Debug, Clone)]
-pub struct OwnDemand(Bucket);
-
-impl Default for OwnDemand {
-    fn default() -> Self {
-        OwnDemand(Bucket::new(Algorithm::SlidingWindow))
-    }
-}
-
-impl OwnDemand {
-    /// Adds `demand` at `now` (ms since the epoch) and returns the count over the demand
-    /// window.
-    pub fn add(&mut self, demand: u64, now: i64) -> u64 {
-        let policy = demand_policy();
-        if demand > 0 {
-            self.0.decide(&policy, now, demand);
-        }
-        counted(self.0.decide(&policy, now, 0).remaining)
-    }
-}
-
-/// The demand rate of every other stream of a bucket: the shared counter (`total`) less
-/// the stream's own counter (`own_count`), over the time the counters hold: the demand
-/// window, or less while the stream's own counter holds less than a window (every stream
-/// new), as its own count over its own rate (`own_rate`) says.
-pub fn others_rate(own_rate: f64, own_count: u64, total: u64) -> f64 {
-    let window = DEMAND_WINDOW.as_secs_f64();
-    let held = if own_rate > 0.0 {
-        (own_count as f64 / own_rate).clamp(1.0, window)
-    } else {
-        window
-    };
-    total.saturating_sub(own_count) as f64 / held
-}
-
-/// A stream's share of a bucket: its demand rate (`own_rate` a second) over everyone's
-/// (`others` a second besides). The stream counts at least one request per demand window,
-/// so a quiet stream still gets room for its next one.
-pub fn share(own_rate: f64, others: f64) -> f64 {
-    let own = own_rate.max(1.0 / DEMAND_WINDOW.as_secs_f64());
-    own / (others.max(0.0) + own)
 }
 
 #[cfg(test)]
@@ -263,11 +222,15 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket, on_over_limit: consume}
 ";
 
-    /// Counts reported with no time covered.
+    /// Counts reported with no time covered for the bucket; 5 s of presence with demand.
     fn at_once(allowed: u64, demand: u64) -> Pending {
         Pending {
             allowed,
-            demand,
+            counted: Booked {
+                demand,
+                capped: demand,
+                presence_ms: if demand > 0 { 5_000 } else { 0 },
+            },
             over: Duration::ZERO,
         }
     }
@@ -288,7 +251,7 @@ descriptors:
 
     fn quota(limiter: &Limiter, key: &str) -> Box<QuotaBucket> {
         let entries = [(key.to_owned(), "v".to_owned())];
-        match limiter.quota_rule("d", &entries, &demand_policy()) {
+        match limiter.quota_rule("d", &entries, &fair::counter_policy()) {
             QuotaRule::Limited(quota) => quota,
             QuotaRule::Unlimited => panic!("{key} has a limit"),
         }
@@ -355,7 +318,8 @@ descriptors:
                 .book(&window, at_once(0, 5), Caller::default())
                 .await
                 .unwrap()
-                .total_demand,
+                .total
+                .demand,
             5
         );
         assert_eq!(
@@ -363,7 +327,8 @@ descriptors:
                 .book(&window, at_once(0, 7), Caller::default())
                 .await
                 .unwrap()
-                .total_demand,
+                .total
+                .demand,
             12
         );
         // A read books nothing.
@@ -371,19 +336,8 @@ descriptors:
             .book(&window, at_once(0, 0), Caller::default())
             .await
             .unwrap();
-        assert_eq!((read.total_demand, read.budget.remaining), (12, 10));
-    }
-
-    #[test]
-    fn a_share_is_the_streams_rate_over_everyones_and_at_least_one_request() {
-        // 5/s of its own, 15/s of others (150 counted over 10 s beside its own 60).
-        assert_eq!(others_rate(5.0, 60, 210), 15.0);
-        assert_eq!(share(5.0, 15.0), 0.25);
-        assert_eq!(share(0.0, others_rate(0.0, 0, 0)), 1.0);
-        assert_eq!(share(0.0, others_rate(0.0, 0, 9)), 0.1 / 1.0);
-        // A total that lags the stream's own count (another clock) leaves it all.
-        assert_eq!(share(3.0, others_rate(3.0, 30, 20)), 1.0);
-        // Every stream new: 4 s of demand held, 20/s of its own and as much of another.
-        assert_eq!(others_rate(20.0, 80, 160), 20.0);
+        assert_eq!((read.total.demand, read.budget.remaining), (12, 10));
+        // Every report counts its time: two of 5 s each.
+        assert_eq!(read.total.presence_ms, 10_000);
     }
 }

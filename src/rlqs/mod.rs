@@ -4,15 +4,20 @@
 //! Envoy enforces each bucket itself and reports its usage on one long-lived stream; the
 //! server books the reports into the bucket ShouldRateLimit charges and pushes each stream
 //! a share of what is left. `validate` checks a message, `stream` holds one stream's
-//! buckets, `bounds` caps the buckets all streams hold, `spread` places a report's usage in
-//! the bucket's windows, `ledger` talks to the backend, `assign` sizes assignments, `pace`
-//! times the start of slow ones, `wire` encodes them.
+//! buckets and speaks the wire, `bounds` caps what all streams hold, `spread` places a
+//! report's usage in the bucket's windows, `ledger` books through the limiter, `fair`
+//! divides a bucket's rate among its streams, `assign` sizes assignments and decides
+//! whether a change is worth pushing, `pace` times the start of slow ones, `strategy` is
+//! what an assignment is, `wire` encodes it. Only `fair`, `assign` and `pace` decide, and
+//! they are pure.
 
 pub mod assign;
 pub mod bounds;
+pub mod fair;
 pub mod ledger;
 pub mod pace;
 pub mod spread;
+pub mod strategy;
 pub mod stream;
 pub mod validate;
 mod wire;
@@ -126,10 +131,21 @@ impl RateLimitQuotaService for QuotaService {
     }
 }
 
-/// Runs one stream: answers reports, pushes what time changes, and ends when the client
-/// goes away, sends what cannot be decoded or a bad domain, stops reading, or at shutdown.
+/// Runs one stream until it ends, then takes its demand out of the shared counters.
 async fn serve(
     mut stream: Stream,
+    reports: Streaming<RateLimitQuotaUsageReports>,
+    answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    stop: watch::Receiver<bool>,
+) {
+    converse(&mut stream, reports, answers, stop).await;
+    stream.withdraw().await;
+}
+
+/// Answers reports and pushes what time changes, until the client goes away, sends what
+/// cannot be decoded or a bad domain, stops reading, or the service shuts down.
+async fn converse(
+    stream: &mut Stream,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
     mut stop: watch::Receiver<bool>,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::assign::Strategy;
+use super::strategy::Strategy;
 
 /// A bucket shared by fewer streams than this (its share over this fraction) starts at
 /// once: with few streams there is no beat to break, and waiting would only delay a lone

@@ -22,12 +22,13 @@ use crate::metrics::RlqsMetrics;
 use crate::overload::{Admission, Caller, ConnectionLoad};
 use crate::proto::rlqs::RateLimitQuotaUsageReports;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
-use crate::rules::Policy;
 
 use super::RlqsSettings;
-use super::assign::{self, Assignment, Share, Strategy};
+use super::assign;
 use super::bounds::{BucketBounds, Holding};
-use super::ledger::{self, Ledger, OwnDemand, Pending};
+use super::fair::{self, Allowance, Booked, Counts, OwnCounts};
+use super::ledger::{self, Ledger, Pending};
+use super::strategy::{Assignment, Strategy};
 use super::validate::{self, BadBucket, BucketPairs, InvalidMessage, Usage};
 use super::wire;
 use super::{pace, spread};
@@ -52,9 +53,6 @@ const CONCURRENT_BOOKINGS: usize = 64;
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
 const MIN_SLEEP: Duration = Duration::from_millis(5);
-/// How long a client that brings a bucket from an earlier stream keeps the rate it admitted
-/// then: until that stream's demand has faded out of the shared counters.
-const CONTINUED_FOR: Duration = Duration::from_secs(2 * ledger::DEMAND_WINDOW.as_secs());
 
 /// What every stream shares.
 pub struct Shared {
@@ -81,17 +79,19 @@ struct Tracked {
     interval: Duration,
     /// The latest report with any demand (or the bucket's first).
     last_demand: Instant,
+    /// The bucket's latest report on this stream; `None` before the first.
+    last_report: Option<Instant>,
     /// Reported, not yet booked (the backend failed, or the booking was shed).
     unbooked: Pending,
-    own: OwnDemand,
-    own_count: u64,
-    /// Demand a second, as its latest report that covered any time says.
+    /// What the stream may still claim of the bucket's demand ([`fair::Allowance`]).
+    allowance: Allowance,
+    /// The stream's own fairness counters, and their counts after its latest report.
+    own: OwnCounts,
+    own_counts: Counts,
+    /// Demand a second, as its latest report says (at most the limit's rate).
     demand_rate: f64,
-    /// Allowed requests a second, as the same report says.
-    admitted_rate: f64,
-    /// Until when the client's demand may still be counted a second time in the shared
-    /// counters, under an earlier stream ([`Tracked::floor`]).
-    continued_until: Option<Instant>,
+    /// The fair share a second the stream last saw: its capped demand counts up to it.
+    fair: f64,
     sent: Option<Sent>,
     /// When the bucket needs a push without a report: a refill, or a rule reload.
     next_look: Option<Instant>,
@@ -114,33 +114,16 @@ impl Tracked {
             rule,
             interval: DEFAULT_INTERVAL,
             last_demand: now,
+            last_report: None,
             unbooked: Pending::default(),
-            own: OwnDemand::default(),
-            own_count: 0,
+            allowance: Allowance::default(),
+            own: OwnCounts::default(),
+            own_counts: Counts::default(),
             demand_rate: 0.0,
-            admitted_rate: 0.0,
-            continued_until: None,
+            fair: f64::INFINITY,
             sent: None,
             next_look: None,
             slot: None,
-        }
-    }
-
-    /// The rate the bucket keeps whatever its share says. A client whose first report on
-    /// this stream covers time held the bucket before, on a stream now gone (its replica
-    /// died, or the connection broke): Envoy counts `time_elapsed` from the bucket's last
-    /// report whatever the stream, and reopens a lost stream with its next periodic report
-    /// (`getUsageFromBucket` and `onSendReportsTimer` in
-    /// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`), while a
-    /// new bucket's first report covers 0 s. The demand it reported there still counts in the
-    /// shared counters, as if another client's, for up to two demand windows. Its share
-    /// alone would then fall to a half or a third of what it admitted a moment ago; so
-    /// until that demand has faded it keeps that rate (Doorman's learning mode): load that
-    /// was admitted already, not new load.
-    fn floor(&self, now: Instant) -> f64 {
-        match self.continued_until {
-            Some(until) if until > now => self.admitted_rate,
-            _ => 0.0,
         }
     }
 
@@ -260,21 +243,28 @@ impl Stream {
         self.follow_rules(now);
         let now_ms = SystemClock.now_ms();
         let mut answered = Answered::default();
-        let mut reported = Vec::new();
+        // A bucket named more than once in one report counts once, its usages merged.
+        let mut merged: HashMap<usize, Merged> = HashMap::new();
         for usage in validate::usages(message) {
-            match usage
-                .map_err(Skipped::from)
-                .and_then(|usage| self.record(usage, now, now_ms))
-            {
-                Ok(at) => reported.push(at),
+            match usage.map_err(Skipped::from).and_then(|usage| {
+                let at = self.find_or_add(&usage, now)?;
+                Ok((at, usage))
+            }) {
+                Ok((at, usage)) => {
+                    self.shared.metrics.reports.inc();
+                    merged.entry(at).or_default().add(&usage);
+                }
                 Err(skipped) => {
                     self.shared.metrics.skipped(skipped.label());
                     answered.skipped.push(skipped);
                 }
             }
         }
+        let mut reported: Vec<usize> = merged.keys().copied().collect();
         reported.sort_unstable();
-        reported.dedup();
+        for &at in &reported {
+            self.record(at, merged[&at], now, now_ms);
+        }
         answered.actions = self.look(&reported, now, true).await;
         Ok(answered)
     }
@@ -309,44 +299,69 @@ impl Stream {
         wake.max(now + MIN_SLEEP)
     }
 
-    /// Finds or adds the reported bucket, and counts its report. Returns its index.
-    fn record(&mut self, usage: Usage, now: Instant, now_ms: i64) -> Result<usize, Skipped> {
-        self.shared.metrics.reports.inc();
-        let at = match self.index.get(&usage.id) {
-            Some(&at) => at,
-            None => {
-                let at = self.add(usage.id, now)?;
-                // Envoy's first report of a new bucket covers no time.
-                if !usage.elapsed.is_zero() {
-                    self.buckets[at].continued_until = Some(now + CONTINUED_FOR);
-                }
-                at
-            }
-        };
+    /// Finds or adds the reported bucket; returns its index.
+    fn find_or_add(&mut self, usage: &Usage, now: Instant) -> Result<usize, Skipped> {
+        match self.index.get(&usage.id) {
+            Some(&at) => Ok(at),
+            None => self.add(usage.id.clone(), now),
+        }
+    }
+
+    /// Counts one report's merged usage of the bucket at `at`. Its demand claims at most the
+    /// limit's rate over the real time since the stream's previous report of the bucket
+    /// ([`fair::Allowance`]), whatever the report says; a first report covers one interval.
+    fn record(&mut self, at: usize, usage: Merged, now: Instant, now_ms: i64) {
         let bucket = &mut self.buckets[at];
         bucket.learn_interval(usage.elapsed);
         let demand = usage.allowed.saturating_add(usage.denied);
         if demand > 0 {
             bucket.last_demand = now;
         }
+        let covered = bucket
+            .last_report
+            .replace(now)
+            .map_or(DEFAULT_INTERVAL, |last| now - last);
         let QuotaRule::Limited(quota) = &bucket.rule else {
-            return Ok(at);
+            return;
         };
         let booked = spread::booked_now(&quota.policy, usage.allowed, usage.elapsed, now_ms);
-        // Capped at the limit's rate, then spread like the requests.
-        let cap = demand_cap(&quota.policy, usage.elapsed);
-        let demand = demand.min(cap);
-        if !usage.elapsed.is_zero() {
-            let seconds = usage.elapsed.as_secs_f64();
-            bucket.demand_rate = demand as f64 / seconds;
-            bucket.admitted_rate = usage.allowed.min(cap) as f64 / seconds;
-        }
-        let demand = spread::booked_now(&ledger::demand_policy(), demand, usage.elapsed, now_ms);
+        let limit_rate = fair::limit_rate(&quota.policy);
+        let claimed = bucket.allowance.claim(demand, limit_rate, covered);
+        let per_second = fair::demand_rate(claimed, covered, bucket.interval, limit_rate);
+        bucket.demand_rate = per_second;
+        let counted = fair::booked(claimed, per_second, covered, bucket.fair);
+        // Spread like the requests, as the windows hold them.
+        let spread = |count| spread::booked_now(&fair::counter_policy(), count, covered, now_ms);
+        let counted = Booked {
+            demand: spread(counted.demand),
+            capped: spread(counted.capped),
+            presence_ms: spread(counted.presence_ms),
+        };
         bucket
             .unbooked
-            .add(booked, demand, usage.elapsed, MAX_PENDING);
-        bucket.own_count = bucket.own.add(demand, now_ms);
-        Ok(at)
+            .add(booked, counted, usage.elapsed, MAX_PENDING);
+        bucket.own_counts = bucket.own.add(counted, now_ms);
+    }
+
+    /// Takes the stream's own counts out of the shared fairness counters, so that the
+    /// others' shares grow at once when it ends, on every replica (they read the same
+    /// counters). A backend that fails lets them fade out with their window instead.
+    pub async fn withdraw(&mut self) {
+        let refunds: Vec<_> = self
+            .buckets
+            .iter()
+            .filter_map(|bucket| match &bucket.rule {
+                QuotaRule::Limited(quota) => Some(ledger::withdrawals(quota, &bucket.own)),
+                QuotaRule::Unlimited => None,
+            })
+            .flatten()
+            .collect();
+        if refunds.is_empty() {
+            return;
+        }
+        if let Err(error) = self.shared.limiter.quota_refunds(&refunds).await {
+            tracing::debug!(%error, "RLQS stream ended: its demand fades out instead");
+        }
     }
 
     fn add(&mut self, id: BucketPairs, now: Instant) -> Result<usize, Skipped> {
@@ -369,7 +384,7 @@ impl Stream {
         let domain = self.domain.as_deref().unwrap_or_default();
         self.shared
             .limiter
-            .quota_rule(domain, id, &ledger::demand_policy())
+            .quota_rule(domain, id, &fair::counter_policy())
     }
 
     /// After a rule reload, resolves every bucket again; those whose rule changed are due.
@@ -504,18 +519,15 @@ impl Stream {
                         ttl,
                     }
                 } else {
-                    let others = ledger::others_rate(
-                        bucket.demand_rate,
-                        bucket.own_count,
-                        reading.total_demand,
-                    );
-                    fraction = ledger::share(bucket.demand_rate, others);
-                    let share = Share {
-                        fraction,
-                        floor: bucket.floor(now),
-                    };
+                    let per_second =
+                        assign::per_second(&quota.policy, reading.budget, bucket.interval);
+                    let room = assign::room(per_second);
+                    let others = fair::others(reading.total, bucket.own_counts);
+                    bucket.fair = fair::fair_share(room, &others);
+                    let rate = fair::rate(bucket.demand_rate, &others, room);
+                    fraction = if room > 0.0 { rate / room } else { 1.0 };
                     refill = Some(reading.budget.reset);
-                    assign::size(&quota.policy, reading.budget, share, bucket.interval)
+                    assign::size(&quota.policy, reading.budget, fraction, bucket.interval)
                 }
             }
             // Counted where the limiter made the call.
@@ -610,16 +622,21 @@ fn id_bytes(id: &BucketPairs) -> usize {
     id.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
-/// The most demand one report may claim: the limit's rate over the time it covers (at
-/// least a second), so that no report, true or not, takes more of the shares than a client
-/// admitting the whole limit would.
-fn demand_cap(policy: &Policy, elapsed: Duration) -> u64 {
-    let covered = u128::from(elapsed.max(Duration::from_secs(1)).as_millis() as u64);
-    let limit = u128::from(policy.requests_per_unit);
-    let window = u128::from(policy.window_ms().max(1));
-    u64::try_from((limit * covered).div_ceil(window))
-        .unwrap_or(u64::MAX)
-        .clamp(1, MAX_PENDING)
+/// One report's usage of one bucket, its duplicates merged.
+#[derive(Debug, Clone, Copy, Default)]
+struct Merged {
+    allowed: u64,
+    denied: u64,
+    /// The longest `time_elapsed` its usages claimed.
+    elapsed: Duration,
+}
+
+impl Merged {
+    fn add(&mut self, usage: &Usage) {
+        self.allowed = self.allowed.saturating_add(usage.allowed);
+        self.denied = self.denied.saturating_add(usage.denied);
+        self.elapsed = self.elapsed.max(usage.elapsed);
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::proto::rlqs::rate_limit_quota_response::bucket_action::{
 use crate::proto::types::rate_limit_strategy::{BlanketRule, Strategy as WireStrategy};
 use crate::proto::types::{RateLimitStrategy, TokenBucket};
 
-use super::assign::{Assignment, Strategy};
+use super::strategy::{Assignment, Strategy};
 use super::validate::BucketPairs;
 
 /// The action assigning `assignment` to the bucket `id`.

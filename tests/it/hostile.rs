@@ -6,6 +6,7 @@ use crate::common;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::rlqs::{self, Kind, Quota};
 use common::{TestServer, descriptor, request, should_rate_limit};
 use prost::Message;
 use serde_json::Value;
@@ -162,7 +163,7 @@ fn grpc_frame(flag: u8, length: u32, payload: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn malformed_frames_end_a_quota_stream_with_an_error_not_ok() {
     let server = TestServer::start(&[("api.yaml", &rules())]).await;
-    let report = crate::rlqs::usages("api", &[(&[("r0", "a")], 1, 0)]).encode_to_vec();
+    let report = rlqs::usages("api", &[(&[("r0", "a")], 1, 0)]).encode_to_vec();
     let length = u32::try_from(report.len()).unwrap();
     for (case, body) in [
         (
@@ -195,7 +196,7 @@ async fn at_the_cap_a_reporting_quota_connection_is_never_evicted() {
     })
     .await;
     let id: &[(&str, &str)] = &[("r0", "quota")];
-    let mut quota = crate::rlqs::Quota::open(server.grpc).await;
+    let mut quota = Quota::open(server.grpc).await;
     quota.report("api", id, 0, 0).await;
     let mut unary = server.client().await;
     tokio::time::sleep(Duration::from_millis(1800)).await;
@@ -215,7 +216,7 @@ async fn at_the_cap_a_reporting_quota_connection_is_never_evicted() {
     // stream is still open after that and answers its next report.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let kind = quota.report("api", id, 0, 0).await;
-    assert!(!matches!(kind, crate::rlqs::Kind::Abandon), "{kind:?}");
+    assert!(!matches!(kind, Kind::Abandon), "{kind:?}");
     server.stop().await;
 }
 
@@ -294,4 +295,89 @@ async fn a_hung_backend_only_a_candidate_uses_never_delays_a_live_answer() {
     // Three answers, each of which waited the 3 s timeout before.
     assert!(took < timeout, "three live answers took {took:?}");
     server.stop().await;
+}
+
+/// One bucket of 100 a second, for the honest stream and the attacker.
+const SHARED: &str = "domain: web\ndescriptors:\n  - key: shared\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
+
+/// An honest stream reports 30 a second of `value`'s 100 a second beside `attack`, which
+/// returns the attacker's stream (open, for its own next report); after the honest
+/// stream's second report it is assigned at least its 30 a second, and its rate and the
+/// attacker's add up to at most the limit.
+async fn honest_beside(
+    value: &str,
+    attack: impl AsyncFnOnce(&TestServer, &[(&str, &str)]) -> Quota,
+) {
+    let server = TestServer::start(&[("web.yaml", SHARED)]).await;
+    let id: &[(&str, &str)] = &[("shared", value)];
+    let mut honest = Quota::open(server.grpc).await;
+    honest.report("web", id, 150, 0).await;
+    let first = tokio::time::Instant::now();
+    let mut attacker = attack(&server, id).await;
+    // Envoy's next report comes 5 s on; 3 s is enough to read it as 30 a second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let allowed = (30.0 * first.elapsed().as_secs_f64()).ceil() as u64;
+    let honest_rate = rlqs::rate(honest.report("web", id, allowed, 0).await);
+    assert!(
+        honest_rate >= 30.0 * 0.995,
+        "honest stream assigned {honest_rate}/s"
+    );
+    let attacker_rate = match attacker.report("web", id, 1_000_000, 1_000_000).await {
+        Kind::Tokens { rate, .. } => rate,
+        Kind::DenyAll { .. } => 0.0,
+        other => panic!("attacker assigned {other:?}"),
+    };
+    assert!(
+        honest_rate + attacker_rate <= 100.0,
+        "{honest_rate} + {attacker_rate} on 100/s"
+    );
+    server.stop().await;
+}
+
+/// A stream repeated the bucket 1,000 times in one report: the honest stream was assigned
+/// DENY_ALL for 5.5 s, then 0.04/s. Duplicates now merge and claim at most the limit's rate.
+#[tokio::test]
+async fn duplicates_in_one_report_leave_an_honest_stream_its_demand() {
+    honest_beside("duplicates", async |server, id| {
+        let attacker = Quota::open(server.grpc).await;
+        let mut flood = rlqs::usages("web", &[(id, 1_000_000, 1_000_000)]);
+        flood.bucket_quota_usages = vec![flood.bucket_quota_usages[0].clone(); 1_000];
+        attacker.send(flood).await;
+        let mut attacker = attacker;
+        attacker.action_for(id).await;
+        attacker
+    })
+    .await;
+}
+
+/// A stream sent 50 reports a second: the honest stream got 1.0/s. Reports share the real
+/// time between them now, so a flood claims no more than one report would.
+#[tokio::test]
+async fn a_flood_of_reports_leaves_an_honest_stream_its_demand() {
+    honest_beside("flood", async |server, id| {
+        let mut attacker = Quota::open(server.grpc).await;
+        for _ in 0..50 {
+            attacker.report("web", id, 1_000_000, 1_000_000).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        attacker
+    })
+    .await;
+}
+
+/// A stream reopened in a loop re-armed the floor a new stream kept: assigned rates added
+/// up to 112/s on 100/s. A stream that ends now takes its demand with it, and no stream
+/// keeps a rate past its share.
+#[tokio::test]
+async fn a_stream_reopened_in_a_loop_takes_no_more_than_its_share() {
+    honest_beside("reopened", async |server, id| {
+        for _ in 0..5 {
+            let mut attacker = Quota::open(server.grpc).await;
+            attacker.report("web", id, 1_000_000, 1_000_000).await;
+        }
+        let mut attacker = Quota::open(server.grpc).await;
+        attacker.report("web", id, 1_000_000, 1_000_000).await;
+        attacker
+    })
+    .await;
 }

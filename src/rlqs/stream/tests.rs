@@ -2,7 +2,6 @@
 //! standing queue.
 
 use super::*;
-use crate::rules::Unit;
 
 fn tracked() -> Tracked {
     let id = Arc::new(vec![("k".to_owned(), "v".to_owned())]);
@@ -123,13 +122,21 @@ fn the_interval_starts_at_envoys_grows_at_once_and_shrinks_slowly() {
     assert_eq!(bucket.interval, MAX_INTERVAL);
 }
 
-#[test]
-fn a_report_claims_at_most_the_limits_rate() {
-    let policy = Policy::fixed_window(100, Unit::Second);
-    assert_eq!(demand_cap(&policy, Duration::from_secs(5)), 500);
-    assert_eq!(demand_cap(&policy, Duration::ZERO), 100);
-    let slow = Policy::fixed_window(10, Unit::Hour);
-    assert_eq!(demand_cap(&slow, Duration::from_secs(5)), 1);
-    let zero = Policy::fixed_window(0, Unit::Hour);
-    assert_eq!(demand_cap(&zero, Duration::from_secs(5)), 1);
+#[tokio::test]
+async fn duplicates_in_one_report_count_once_at_most_at_the_limits_rate() {
+    use crate::overload::DEFAULT_TARGET_LATENCY;
+    let admission = Arc::new(Admission::new(DEFAULT_TARGET_LATENCY));
+    let (mut stream, _) = stream(&admission);
+    let mut message = report(4);
+    let mut usage = message.bucket_quota_usages[0].clone();
+    usage.num_requests_denied = 1_000_000;
+    message.bucket_quota_usages = vec![usage; 1_000];
+    stream.report(message).await.unwrap();
+    assert_eq!(stream.buckets.len(), 1);
+    let bucket = &stream.buckets[0];
+    // 10 an hour over the 5 s a first report covers: not one whole request to claim.
+    assert_eq!(bucket.own_counts.demand, 0);
+    assert!(bucket.demand_rate <= 10.0 / 3600.0);
+    // Its 5 s of presence, of which the windows may hold a little less (spread over them).
+    assert!((4_000..=5_000).contains(&bucket.own_counts.presence_ms));
 }

@@ -25,7 +25,7 @@ use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 
 use super::RlqsSettings;
 use super::assign;
-use super::bounds::{BucketBounds, Holding};
+use super::bounds::{self, BucketBounds, Holding, Load};
 use super::fair::{self, Allowance, Booked, Counts, OwnCounts};
 use super::ledger::{self, Ledger, Pending};
 use super::strategy::{Assignment, Strategy};
@@ -41,8 +41,6 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest reporting interval learned.
 const MAX_INTERVAL: Duration = Duration::from_secs(3600);
-/// Most bytes of bucket ids one stream may hold (the count alone would allow 2.5 GiB).
-pub const MAX_STREAM_ID_BYTES: usize = 16 << 20;
 /// Most requests a bucket's report may carry into the backend: more than any limit holds
 /// (`L` is 32 bits), and small enough that every backend's arithmetic stays exact.
 const MAX_PENDING: u64 = u32::MAX as u64;
@@ -179,7 +177,6 @@ pub struct Stream {
     domain: Option<String>,
     buckets: Vec<Tracked>,
     index: HashMap<Arc<BucketPairs>, usize>,
-    id_bytes: usize,
     rules: Arc<Matcher>,
     holding: Holding,
     connection: Option<Arc<ConnectionLoad>>,
@@ -203,7 +200,6 @@ impl Stream {
             domain: None,
             buckets: Vec::new(),
             index: HashMap::new(),
-            id_bytes: 0,
             rules,
             holding,
             connection,
@@ -273,7 +269,13 @@ impl Stream {
     /// changes.
     pub async fn tick(&mut self) -> Vec<BucketAction> {
         let now = Instant::now();
-        let mut actions = self.abandon_quiet(now);
+        let mut gone = self.take_quiet(now);
+        gone.extend(self.take_owed());
+        let mut actions: Vec<BucketAction> = gone
+            .iter()
+            .map(|bucket| wire::abandon(&bucket.id))
+            .collect();
+        withdraw(&self.shared, &gone).await;
         self.follow_rules(now);
         let due: Vec<usize> = (0..self.buckets.len())
             .filter(|&i| self.buckets[i].next_look.is_some_and(|look| look <= now))
@@ -347,30 +349,12 @@ impl Stream {
     /// others' shares grow at once when it ends, on every replica (they read the same
     /// counters). A backend that fails lets them fade out with their window instead.
     pub async fn withdraw(&mut self) {
-        let refunds: Vec<_> = self
-            .buckets
-            .iter()
-            .filter_map(|bucket| match &bucket.rule {
-                QuotaRule::Limited(quota) => Some(ledger::withdrawals(quota, &bucket.own)),
-                QuotaRule::Unlimited => None,
-            })
-            .flatten()
-            .collect();
-        if refunds.is_empty() {
-            return;
-        }
-        if let Err(error) = self.shared.limiter.quota_refunds(&refunds).await {
-            tracing::debug!(%error, "RLQS stream ended: its demand fades out instead");
-        }
+        withdraw(&self.shared, &self.buckets).await;
     }
 
     fn add(&mut self, id: BucketPairs, now: Instant) -> Result<usize, Skipped> {
-        let bytes = id_bytes(&id);
-        if self.id_bytes + bytes > MAX_STREAM_ID_BYTES {
-            return Err(Skipped::Bounded);
-        }
-        self.holding.take().map_err(|_| Skipped::Bounded)?;
-        self.id_bytes += bytes;
+        let load = bucket_load(&id);
+        self.holding.take(load).map_err(|_| Skipped::Bounded)?;
         let rule = self.resolve(&id);
         let at = self.buckets.len();
         let id = Arc::new(id);
@@ -404,31 +388,62 @@ impl Stream {
         }
     }
 
-    /// Abandons the buckets reported without demand, or not reported at all, for
-    /// `--rlqs-abandon-after`, and forgets them. Envoy reports every bucket it holds until
-    /// told to drop it, so an idle one never goes quiet on its own.
-    fn abandon_quiet(&mut self, now: Instant) -> Vec<BucketAction> {
+    /// The buckets reported without demand, or not reported at all, for
+    /// `--rlqs-abandon-after`, forgotten. Envoy reports every bucket it holds until told to
+    /// drop it, so an idle one never goes quiet on its own.
+    fn take_quiet(&mut self, now: Instant) -> Vec<Tracked> {
         let abandon = self.shared.settings.abandon_after;
-        let mut actions = Vec::new();
-        let mut at = 0;
-        while at < self.buckets.len() {
-            let quiet = self.buckets[at].last_demand.checked_add(abandon);
-            if quiet.is_none_or(|quiet| quiet > now) {
-                at += 1;
-                continue;
-            }
-            let gone = self.buckets.swap_remove(at);
-            self.index.remove(&gone.id);
-            if let Some(moved) = self.buckets.get(at) {
-                self.index.insert(Arc::clone(&moved.id), at);
-            }
-            self.id_bytes -= id_bytes(&gone.id);
-            self.holding.release();
-            self.shared.metrics.buckets.dec();
-            self.shared.metrics.abandons.inc();
-            actions.push(wire::abandon(&gone.id));
+        let quiet: Vec<Arc<BucketPairs>> = self
+            .buckets
+            .iter()
+            .filter(|bucket| {
+                let quiet = bucket.last_demand.checked_add(abandon);
+                quiet.is_some_and(|quiet| quiet <= now)
+            })
+            .map(|bucket| Arc::clone(&bucket.id))
+            .collect();
+        quiet.iter().filter_map(|id| self.forget(id)).collect()
+    }
+
+    /// The least active buckets, forgotten until the stream's connection owes no more room
+    /// to smaller holders ([`BucketBounds`]).
+    fn take_owed(&mut self) -> Vec<Tracked> {
+        if self.holding.owed() == 0 {
+            return Vec::new();
         }
-        actions
+        let mut by_activity: Vec<(Instant, Arc<BucketPairs>)> = self
+            .buckets
+            .iter()
+            .map(|bucket| (bucket.last_demand, Arc::clone(&bucket.id)))
+            .collect();
+        by_activity.sort_unstable_by_key(|(last_demand, _)| *last_demand);
+        let mut gone = Vec::new();
+        for (_, id) in by_activity {
+            if self.holding.owed() == 0 {
+                break;
+            }
+            gone.extend(self.forget(&id));
+        }
+        if !gone.is_empty() {
+            tracing::info!(
+                buckets = gone.len(),
+                "RLQS: the largest holder gave back buckets for smaller ones"
+            );
+        }
+        gone
+    }
+
+    /// Removes the bucket `id` from the stream and gives back what it held.
+    fn forget(&mut self, id: &BucketPairs) -> Option<Tracked> {
+        let at = self.index.remove(id)?;
+        let gone = self.buckets.swap_remove(at);
+        if let Some(moved) = self.buckets.get(at) {
+            self.index.insert(Arc::clone(&moved.id), at);
+        }
+        self.holding.release(bucket_load(&gone.id));
+        self.shared.metrics.buckets.dec();
+        self.shared.metrics.abandons.inc();
+        Some(gone)
     }
 
     /// Books and sizes the buckets at `indexes` (their backend calls concurrently), and
@@ -617,9 +632,29 @@ impl Drop for Stream {
     }
 }
 
-/// What a bucket id counts against `MAX_STREAM_ID_BYTES`: its keys and values.
-fn id_bytes(id: &BucketPairs) -> usize {
-    id.iter().map(|(k, v)| k.len() + v.len()).sum()
+/// What a bucket of id `id` takes against the bounds.
+fn bucket_load(id: &BucketPairs) -> Load {
+    let text = id.iter().map(|(k, v)| k.len() + v.len()).sum();
+    bounds::bucket_load(id.len(), text)
+}
+
+/// Takes the counts of `buckets` out of the shared fairness counters: the others' shares
+/// grow at once, on every replica. A backend that fails lets them fade out instead.
+async fn withdraw(shared: &Shared, buckets: &[Tracked]) {
+    let refunds: Vec<_> = buckets
+        .iter()
+        .filter_map(|bucket| match &bucket.rule {
+            QuotaRule::Limited(quota) => Some(ledger::withdrawals(quota, &bucket.own)),
+            QuotaRule::Unlimited => None,
+        })
+        .flatten()
+        .collect();
+    if refunds.is_empty() {
+        return;
+    }
+    if let Err(error) = shared.limiter.quota_refunds(&refunds).await {
+        tracing::debug!(%error, "RLQS: withdrawn demand fades out instead");
+    }
 }
 
 /// One report's usage of one bucket, its duplicates merged.

@@ -381,3 +381,138 @@ async fn a_stream_reopened_in_a_loop_takes_no_more_than_its_share() {
     })
     .await;
 }
+
+/// 20 streams on one connection, each holding 60 buckets whose ids are 256 KiB (32 pairs of
+/// 4 KiB keys and values): the bounds counted buckets, not bytes, and the process kept
+/// +651 MiB. A connection now holds at most 16 MiB of buckets, the rest left unassigned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_bucket_ids_hold_a_bounded_number_of_bytes() {
+    let dir = common::config_dir(&[("web.yaml", SHARED)]);
+    let server = common::Binary::start(&["--config", dir.path().to_str().unwrap()], &[]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects");
+    let warm = Quota::on(channel.clone()).await;
+    drop(warm);
+    let before = common::rss_kib(server.child.id());
+    let mut streams = Vec::new();
+    let mut answered = 0;
+    // Reads what a stream has answered so far, waiting at most `wait` for each answer.
+    async fn drain(quota: &mut Quota, wait: Duration) -> usize {
+        let mut assigned = 0;
+        while let Ok(Ok(answer)) = tokio::time::timeout(wait, quota.next()).await {
+            assigned += answer.bucket_action.len();
+        }
+        assigned
+    }
+    for stream in 0..20 {
+        let mut quota = Quota::on(channel.clone()).await;
+        for bucket in 0..60 {
+            let pairs: Vec<(String, String)> = (0..32)
+                .map(|pair| {
+                    let key = format!("{pair:02}{}", "k".repeat(4094));
+                    let value = format!("{stream:02}{bucket:02}{}", "v".repeat(4092));
+                    (key, value)
+                })
+                .collect();
+            let id: Vec<(&str, &str)> = pairs
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            quota.send(rlqs::usages("web", &[(&id, 1, 0)])).await;
+            answered += drain(&mut quota, Duration::from_millis(5)).await;
+        }
+        streams.push(quota);
+    }
+    // The rest of the answers (skipped buckets get none).
+    for quota in &mut streams {
+        answered += drain(quota, Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let grown_mib = common::rss_kib(server.child.id()).saturating_sub(before) / 1024;
+    // 16 MiB hold about 60 such buckets; every other one is skipped, its stream open.
+    eprintln!("{answered} of 1,200 hostile buckets held; RSS grew {grown_mib} MiB");
+    assert!((50..=70).contains(&answered), "{answered} buckets assigned");
+    assert!(grown_mib < 64, "RSS grew {grown_mib} MiB");
+    let text = common::scrape(server.http).await;
+    let skipped = common::sample(
+        &text,
+        "floodgate_rlqs_skipped_buckets_total{reason=\"bucket_limit\"}",
+    );
+    assert!(skipped.is_some_and(|n| n >= 1000.0), "{skipped:?}");
+    drop(streams);
+}
+
+/// `--rlqs-max-buckets 100`: one client filled the process's 2,000 buckets over ten
+/// connections, and a second Envoy's bucket was skipped (no assignment). Now the newcomer's
+/// bucket is assigned, and the largest holder gives back its least active bucket.
+#[tokio::test]
+async fn one_client_at_the_process_bound_does_not_lock_out_another() {
+    let server = TestServer::start_with(&[("web.yaml", SHARED)], |settings| {
+        settings.rlqs.max_buckets = 100;
+    })
+    .await;
+    let mut hog = Vec::new();
+    for connection in 0..10 {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connects");
+        // The first connection holds more than the others: it is the one to give way.
+        let per_stream = if connection == 0 { 100 } else { 99 };
+        for stream in 0..2 {
+            let mut quota = Quota::on(channel.clone()).await;
+            let values: Vec<String> = (0..per_stream)
+                .map(|bucket| format!("hog-{connection}-{stream}-{bucket}"))
+                .collect();
+            let ids: Vec<[(&str, &str); 1]> = values
+                .iter()
+                .map(|value| [("shared", value.as_str())])
+                .collect();
+            let reported: Vec<rlqs::Reported<'_>> = ids.iter().map(|id| (&id[..], 0, 0)).collect();
+            quota.send(rlqs::usages("web", &reported)).await;
+            quota.next().await.expect("the hog's buckets are answered");
+            hog.push(quota);
+        }
+    }
+    // 1,982 held; fill to the bound with one more stream on a fresh connection.
+    let mut filler = Quota::open(server.grpc).await;
+    let values: Vec<String> = (0..18).map(|bucket| format!("filler-{bucket}")).collect();
+    let ids: Vec<[(&str, &str); 1]> = values
+        .iter()
+        .map(|value| [("shared", value.as_str())])
+        .collect();
+    let reported: Vec<rlqs::Reported<'_>> = ids.iter().map(|id| (&id[..], 0, 0)).collect();
+    filler.send(rlqs::usages("web", &reported)).await;
+    filler.next().await.expect("answered");
+    // A second Envoy's bucket is assigned.
+    let mut newcomer = Quota::open(server.grpc).await;
+    let kind = newcomer
+        .report("web", &[("shared", "newcomer")], 1, 0)
+        .await;
+    assert!(matches!(kind, Kind::Tokens { .. }), "{kind:?}");
+    let text = common::scrape(server.http).await;
+    assert_eq!(
+        common::sample(&text, "floodgate_rlqs_buckets"),
+        Some(2001.0)
+    );
+    // The largest holder gave a bucket back: an abandon on one of its streams.
+    let mut abandoned = false;
+    for quota in &mut hog[..2] {
+        while let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_secs(3), quota.next()).await
+        {
+            abandoned |= answer
+                .bucket_action
+                .iter()
+                .any(|action| rlqs::kind(action) == Kind::Abandon);
+            if abandoned {
+                break;
+            }
+        }
+    }
+    assert!(abandoned, "the largest holder gave nothing back");
+    server.stop().await;
+}

@@ -48,16 +48,6 @@ fn keys_of(text: &str, domain: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Resident memory of process `pid`, in KiB, from `/proc`.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS line")
-}
-
 const DETAILED: &str = "\
 domain: m
 descriptors:
@@ -88,7 +78,7 @@ async fn request_made_series_stay_bounded() {
     let mut before = 0;
     for round in 0..5_200 {
         if round == 200 {
-            before = rss_kib(server.child.id());
+            before = common::rss_kib(server.child.id());
         }
         let first = format!("{round:0>1000}a");
         let second = format!("{round:0>1000}b");
@@ -104,7 +94,7 @@ async fn request_made_series_stay_bounded() {
         }
         should_rate_limit(&mut client, request("m", descriptors)).await;
     }
-    let after = rss_kib(server.child.id());
+    let after = common::rss_kib(server.child.id());
     let text = scrape(server.http).await;
     let growth_mib = after.saturating_sub(before) as f64 / 1024.0;
     eprintln!(

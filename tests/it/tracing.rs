@@ -449,16 +449,6 @@ async fn span_attributes_are_capped_and_rate_zero_exports_nothing() {
 /// few MB. The rest of the bound is allocator slack for the transient 900 KB messages.
 const MAX_RSS_GROWTH_KB: u64 = 32 * 1024;
 
-/// The process' resident set, in KiB (`VmRSS` of /proc/<pid>/status).
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// A collector that accepts connections and never reads from them: the exporter's calls
 /// stall, and spans wait in its queue. Holds at most 64 connections.
 async fn silent_collector() -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -500,7 +490,7 @@ async fn rss_growth_over_huge_domains(rate: &str) -> u64 {
     for _ in 0..20 {
         call(server.grpc, Some(&traceparent("01"))).await;
     }
-    let before = rss_kb(pid);
+    let before = common::rss_kib(pid);
     let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await
         .unwrap();
@@ -520,7 +510,7 @@ async fn rss_growth_over_huge_domains(rate: &str) -> u64 {
     }
     // The batch processor takes the last spans into its queue within its schedule (100 ms).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = rss_kb(pid);
+    let after = common::rss_kib(pid);
     holder.abort();
     eprintln!("rate {rate}: VmRSS {before} kB -> {after} kB");
     after.saturating_sub(before)

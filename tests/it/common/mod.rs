@@ -294,6 +294,16 @@ pub async fn http(method: &str, url: &str, body: &str) -> (u16, String) {
     (status, response.text().await.expect("admin body"))
 }
 
+/// Resident memory of process `pid`, in KiB (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS line")
+}
+
 /// `floodgate serve` on ports the kernel picks on 127.0.0.1, for runs that must stop before
 /// they listen or that never need the address.
 pub fn serve_command() -> std::process::Command {

@@ -129,9 +129,9 @@ pub struct BenchArgs {
     /// With `--rlqs`: what an Envoy does before its first assignment and after one expires.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = Fallback::Allow)]
     pub rlqs_no_assignment: Fallback,
-    /// With `--rlqs`: how an Envoy starts a token bucket whose assignment changed: full, or
-    /// at the old bucket's fill ratio (Envoy's source has done both).
-    #[arg(long, value_name = "MODE", value_enum, default_value_t = Restart::Full)]
+    /// With `--rlqs`: how an Envoy starts a token bucket whose assignment changed: at the
+    /// old bucket's fill ratio (Envoy 1.33 and later), or full (Envoy 1.32 and older).
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = Restart::FillRatio)]
     pub rlqs_restart: Restart,
     /// With `--rlqs`: another replica's gRPC address (repeatable); streams alternate over
     /// `--target` and these.

@@ -16,8 +16,10 @@
 //! - Two token buckets are the same when `max_tokens`, `tokens_per_fill` and
 //!   `fill_interval.nanos` match: the running bucket stays, only the TTL is re-armed.
 //!   Another starts full after a blanket rule or none; in place of a running token bucket
-//!   it starts full or at the old one's fill ratio, rounded down, as Envoy's versions of
-//!   `createTokenBucketFromAction` do ([`Restart`]).
+//!   it starts at the old one's fill ratio, rounded down (Envoy 1.33 and later), or full
+//!   (Envoy 1.32 and older), as `createTokenBucketFromAction` does ([`Restart`]). A
+//!   message's actions apply in order, so a blanket rule then a token bucket for one
+//!   bucket starts the token bucket full.
 //! - `requests_per_time_unit` and an unset strategy are ignored: the bucket keeps what it
 //!   had. Actions without a bucket id, or for a bucket not held, are ignored.
 //! - On expiry, the `fallback_rate_limit` of `expired_assignment_behavior` applies for its
@@ -47,10 +49,12 @@ pub enum Fallback {
 /// How a token bucket that replaces a running one starts: Envoy's source has done both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Restart {
-    /// Full, whatever the old bucket held.
+    /// Full, whatever the old bucket held: Envoy 1.32 and older (`client_impl.cc`).
     Full,
     /// At the old bucket's ratio of tokens to `max_tokens`, times the new `max_tokens`,
-    /// rounded down to whole tokens (Envoy multiplies into an integer).
+    /// rounded down to whole tokens (Envoy multiplies into an integer): every Envoy since
+    /// 1.33 (PR 37624, December 2024), `createTokenBucketFromAction(strategy, time_source,
+    /// existing)` in `global_client_impl.cc`. The default.
     FillRatio,
 }
 

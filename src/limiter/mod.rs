@@ -49,7 +49,29 @@ pub enum FailureMode {
     Deny,
 }
 
+/// What stands in for a decision the backend could not make (it failed, or the call was
+/// shed): the one reading of the failure mode, for ShouldRateLimit and the quota service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// No answer: gRPC `UNAVAILABLE` (Envoy's `failure_mode_deny` decides), or no quota
+    /// assignment (Envoy's `no_assignment_behavior` decides).
+    Unavailable,
+    /// Admitted: OK without limits, or `ALLOW_ALL`.
+    Admit,
+    /// Denied: OVER_LIMIT, or `DENY_ALL`.
+    Deny,
+}
+
 impl FailureMode {
+    /// What stands in for a decision under this mode.
+    pub fn fallback(self) -> Fallback {
+        match self {
+            FailureMode::Error => Fallback::Unavailable,
+            FailureMode::Allow => Fallback::Admit,
+            FailureMode::Deny => Fallback::Deny,
+        }
+    }
+
     /// The flag's spelling: `error`, `allow` or `deny`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -488,11 +510,11 @@ impl Limiter {
         // Debug, not warn: during an outage this fires per request; health logs the outage
         // once and the failure_mode and backend_errors metrics count every case.
         tracing::debug!(%error, mode = mode.as_str(), "backend failed; applying the failure mode");
-        match mode {
-            FailureMode::Error => return Err(LimitError::Backend(error)),
+        match mode.fallback() {
+            Fallback::Unavailable => return Err(LimitError::Backend(error)),
             // No outcome: `Slot::status` answers without limits.
-            FailureMode::Allow => {}
-            FailureMode::Deny => {
+            Fallback::Admit => {}
+            Fallback::Deny => {
                 for &i in pending {
                     let slot = &mut slots[i];
                     slot.outcome = slot.limited().map(|limited| always_over(&limited.policy));

@@ -3,11 +3,13 @@
 //!
 //! A stream gets a token bucket whose fill rate is its share of the bucket's rate (`L / W`,
 //! or for a fixed window whatever is left of it until the reset), and whose size is a small
-//! fraction of its share of what is left ([`BURST_FRACTION`]): Envoy starts every changed
-//! assignment full, so the size is what one change can admit at once. The rates of all
-//! streams add up to `(1 - BURST_FRACTION - ESTIMATE_MARGIN)` of the limit, leaving the
-//! bursts room, and the error of shares estimated from 5 s reports; a paced stream's
-//! ([`pace`]) leave only the error's. A spent budget is `DENY_ALL` until it refills.
+//! fraction of its share of what is left ([`BURST_FRACTION`]). Envoy 1.33 and later start a
+//! token bucket that replaces a running one at the old one's fill ratio, rounded down, and
+//! full only as a first assignment or after a blanket rule (`createTokenBucketFromAction`
+//! in `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`, PR 37624):
+//! so a change hands out no burst, and the rates of all streams add up to
+//! `1 - ESTIMATE_MARGIN` of the limit, leaving room for the error of shares estimated from
+//! 5 s reports. A spent budget is `DENY_ALL` until it refills.
 //!
 //! Every duration is whole seconds, as Envoy reads them
 //! (`source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` reads only
@@ -18,7 +20,6 @@ use std::time::Duration;
 
 use crate::rules::{Algorithm, Policy};
 
-use super::pace;
 use super::strategy::{Assignment, Strategy};
 
 /// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
@@ -87,10 +88,9 @@ pub fn per_second(policy: &Policy, budget: Budget, interval: Duration) -> f64 {
     per_second
 }
 
-/// The rate the shares of every stream add up to, before a paced stream's room for bursts
-/// is handed back to it ([`size`]): the room `fair::rate` divides.
+/// The rate the shares of every stream add up to: the room `fair::rate` divides.
 pub fn room(per_second: f64) -> f64 {
-    per_second * (1.0 - BURST_FRACTION - ESTIMATE_MARGIN)
+    per_second * (1.0 - ESTIMATE_MARGIN)
 }
 
 /// Sizes a stream's assignment: its `fraction` of the [`room`] of `budget` under `policy`,
@@ -114,18 +114,7 @@ pub fn size(policy: &Policy, budget: Budget, fraction: f64, interval: Duration) 
     let burst =
         (capacity.min(budget.remaining) as f64 * BURST_FRACTION).min(per_second * BURST_SECONDS);
     let burst = (fraction * burst).ceil();
-    // A paced stream's bucket starts at its slot, where its rate would bring a token anyway,
-    // and its rate seldom moves enough to restart it: its burst needs no room.
-    let reserve = if pace::paced(
-        fraction * per_second * (1.0 - ESTIMATE_MARGIN),
-        fraction,
-        interval,
-    ) {
-        ESTIMATE_MARGIN
-    } else {
-        BURST_FRACTION + ESTIMATE_MARGIN
-    };
-    let rate = fraction * per_second * (1.0 - reserve);
+    let rate = fraction * room(per_second);
     Assignment {
         strategy: token_bucket(burst, rate),
         ttl,
@@ -220,32 +209,33 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
 }
 
 /// Whether `next` differs enough from the pushed `current` to push it. Otherwise the
-/// client keeps `current` (resent, so only its TTL moves). A changed token bucket can hand
-/// out its `max_tokens` at once, so a change must gain more than that. Envoy builds a new
-/// bucket full when none runs, as after a blanket rule, and on a change either full or at
-/// the old bucket's fill ratio, by version (`createTokenBucketFromAction` in
-/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`):
-/// - a rate lower by more than [`LOWER_BY`] that takes at least `max_tokens` off what the
-///   stream admits in [`EXCESS_WINDOWS`] windows: an excess comes back every window, a
-///   change's tokens once;
+/// client keeps `current` (resent, so only its TTL moves). Envoy 1.33 and later start a
+/// changed token bucket at the old one's fill ratio, rounded down
+/// (`createTokenBucketFromAction` in
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`): a change hands
+/// out no burst, but loses what the old bucket had refilled short of a whole token, so a
+/// change must gain more than one token:
+/// - a rate lower by more than [`LOWER_BY`] that takes at least a token off what the stream
+///   admits in [`EXCESS_WINDOWS`] windows: an excess comes back every window, a change's
+///   cost once;
 /// - a rate higher by more than [`HIGHER_BY`] that also moves what the stream admits in
-///   one `window` of the rule by at least `max_tokens`: under its share the stream only
-///   admits less. With 100 Envoys on 100 per 10 s, each stream's share is about one
-///   request a window; the noise of the shares moved it by more than 10% at most
-///   reports, and each change handed out one more token: 2.06 times the limit a window.
+///   one `window` of the rule by at least a token: under its share the stream only admits
+///   less. With 100 Envoys on 100 per 10 s, each stream's share is about one request a
+///   window; the noise of the shares moved it by more than 10% at most reports, and each
+///   change cost a token.
 /// - a `DENY_ALL` in place of a token bucket: the running bucket would admit at least its
-///   `max_tokens` before the refill, which restarts it (full) anyway. Otherwise every
-///   spent window would end with every stream's bucket restarted at once.
+///   `max_tokens` before the refill, which restarts it (full, after a blanket rule) anyway.
+///   Otherwise every spent window would end with every stream's bucket restarted at once.
 /// - any other change of kind.
 pub fn moved(current: &Strategy, next: &Assignment, window: Duration) -> bool {
     match (*current, next.strategy) {
-        (Strategy::TokenBucket { .. }, Strategy::TokenBucket { max_tokens, .. }) => {
+        (Strategy::TokenBucket { .. }, Strategy::TokenBucket { .. }) => {
             let (old, new) = (
                 current.rate().unwrap_or(0.0),
                 next.strategy.rate().unwrap_or(0.0),
             );
             let per_window = (new - old) * window.as_secs_f64();
-            let cost = f64::from(max_tokens);
+            let cost = 1.0;
             (new < old * (1.0 - LOWER_BY) && -per_window * f64::from(EXCESS_WINDOWS) >= cost)
                 || (new > old * (1.0 + HIGHER_BY) && per_window >= cost)
         }
@@ -277,13 +267,13 @@ mod tests {
     }
 
     #[test]
-    fn shares_split_the_rate_and_leave_room_for_the_bursts() {
+    fn shares_split_the_rate_and_leave_room_for_the_error_of_the_shares() {
         let policy = Policy::fixed_window(1000, Unit::Second);
         let whole = size(&policy, open(1000, 1000), 1.0, INTERVAL);
         let third = size(&policy, open(1000, 1000), 1.0 / 3.0, INTERVAL);
         assert_eq!(whole.ttl, Duration::from_secs(15));
-        assert!((rate(&whole.strategy) - 900.0).abs() < 1.0);
-        assert!((rate(&third.strategy) - 900.0 / 3.0).abs() < 1.0);
+        assert!((rate(&whole.strategy) - 950.0).abs() < 1.0);
+        assert!((rate(&third.strategy) - 950.0 / 3.0).abs() < 1.0);
         let Strategy::TokenBucket { max_tokens, .. } = whole.strategy else {
             unreachable!()
         };
@@ -291,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn a_paced_share_leaves_room_only_for_the_error_of_the_shares() {
+    fn paced_or_not_a_share_leaves_room_only_for_the_error_of_the_shares() {
         // 100 streams on 100 per 10 s: a token every 10.5 s each, started at its slot.
         let policy = Policy {
             unit_multiplier: 10,
@@ -299,9 +289,9 @@ mod tests {
         };
         let paced = size(&policy, open(100, 10_000), 0.01, INTERVAL);
         assert!((rate(&paced.strategy) - 0.095).abs() < 0.001);
-        // Two streams: not paced, and the bursts keep their room.
+        // Two streams: not paced; a change hands out no burst (Envoy 1.33 and later).
         let pair = size(&policy, open(100, 10_000), 0.5, INTERVAL);
-        assert!((rate(&pair.strategy) - 4.5).abs() < 4.5 * 0.005);
+        assert!((rate(&pair.strategy) - 4.75).abs() < 4.75 * 0.005);
     }
 
     #[test]
@@ -343,11 +333,11 @@ mod tests {
         let policy = Policy::fixed_window(600, Unit::Minute);
         // 60 left for the 30 s to the reset: 2 a second, not 10.
         let left = size(&policy, open(60, 30_000), 1.0, INTERVAL);
-        assert!((rate(&left.strategy) - 2.0 * 0.9).abs() < 0.01);
+        assert!((rate(&left.strategy) - 2.0 * 0.95).abs() < 0.01);
         // Near the reset the full rate stands.
         let near = size(&policy, open(1, 400), 1.0, INTERVAL);
         // Within the 0.5% that an integer tokens_per_fill may move it.
-        assert!((rate(&near.strategy) - 10.0 * 0.9).abs() < 0.05);
+        assert!((rate(&near.strategy) - 10.0 * 0.95).abs() < 0.05);
     }
 
     #[test]
@@ -364,9 +354,10 @@ mod tests {
         };
         // Less than a second's rate: the one token every bucket holds.
         assert_eq!(max_tokens, 1);
-        // 0.5 * 60 * 0.9 per hour: 27 tokens over the longest fill interval, an hour.
+        // 0.5 * 60 * 0.95 per hour: 28.5 tokens (28 in floating point) over the longest fill
+        // interval, an hour.
         assert_eq!(fill_interval, Duration::from_secs(3600));
-        assert_eq!(tokens_per_fill, 27);
+        assert_eq!(tokens_per_fill, 28);
     }
 
     #[test]

@@ -16,10 +16,10 @@ use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::{FailureMode, Limiter, QuotaRule};
+use crate::limiter::{FailureMode, Fallback, Limiter, QuotaRule};
 use crate::matcher::Matcher;
 use crate::metrics::RlqsMetrics;
-use crate::overload::{Admission, Caller, ConnectionLoad};
+use crate::overload::{Admission, Caller, ConnectionLoad, Deadline};
 use crate::proto::rlqs::RateLimitQuotaUsageReports;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 
@@ -95,6 +95,10 @@ struct Tracked {
     next_look: Option<Instant>,
     /// When a held change of a slow bucket is pushed ([`pace`]).
     slot: Option<Instant>,
+    /// Its first report on this stream covered time: the client held it on an earlier
+    /// stream (Envoy counts `time_elapsed` from the bucket's last report whatever the
+    /// stream), and may still run that stream's assignment.
+    continued: bool,
 }
 
 /// The assignment in force on the client.
@@ -122,6 +126,7 @@ impl Tracked {
             sent: None,
             next_look: None,
             slot: None,
+            continued: false,
         }
     }
 
@@ -319,10 +324,9 @@ impl Stream {
         if demand > 0 {
             bucket.last_demand = now;
         }
-        let covered = bucket
-            .last_report
-            .replace(now)
-            .map_or(DEFAULT_INTERVAL, |last| now - last);
+        let previous = bucket.last_report.replace(now);
+        bucket.continued |= previous.is_none() && !usage.elapsed.is_zero();
+        let covered = previous.map_or(DEFAULT_INTERVAL, |last| now - last);
         let QuotaRule::Limited(quota) = &bucket.rule else {
             return;
         };
@@ -465,7 +469,7 @@ impl Stream {
                 shared.limiter.metrics().shed(reason);
                 return indexes
                     .iter()
-                    .filter_map(|&at| {
+                    .flat_map(|&at| {
                         let shed = Some(Err(BackendError::Overloaded));
                         self.settle(at, shed, now, answer)
                     })
@@ -476,9 +480,10 @@ impl Stream {
         };
         let ledger = &self.shared.ledger;
         let buckets = &self.buckets;
-        // One caller per stream, so a backend queue serves it in turn with the others.
+        // One caller per stream, so a backend queue serves it in turn with the others; an
+        // answer is of use until the client's next report.
         let caller = Caller {
-            deadline: None,
+            deadline: Some(Deadline::new(now, self.interval())),
             connection: Some(self.load.id()),
         };
         // Collected first: a stream over a closure's futures is not `Send` to the compiler.
@@ -501,123 +506,167 @@ impl Stream {
         indexes
             .iter()
             .zip(readings)
-            .filter_map(|(&at, reading)| self.settle(at, reading, now, answer))
+            .flat_map(|(&at, reading)| self.settle(at, reading, now, answer))
             .collect()
     }
 
-    /// Turns what the backend said about one bucket into the action to push, if any.
+    /// Turns what the backend said about one bucket into the actions to push, if any.
     fn settle(
         &mut self,
         at: usize,
         reading: Option<Result<ledger::Reading, BackendError>>,
         now: Instant,
         answer: bool,
-    ) -> Option<BucketAction> {
+    ) -> Vec<BucketAction> {
         let failure_mode = self.shared.limiter.failure_mode();
         let bucket = &mut self.buckets[at];
-        let ttl = assign::ttl(bucket.interval);
-        let window = match &bucket.rule {
+        bucket.next_look = None;
+        let Some(next) = bucket.next(reading, failure_mode, now) else {
+            return Vec::new();
+        };
+        let first = bucket.sent.is_none();
+        let Some(assignment) = bucket.push(next, self.phase, now, answer) else {
+            return Vec::new();
+        };
+        self.shared.metrics.assigned(assignment.strategy.label());
+        let mut actions = Vec::with_capacity(2);
+        // A client that held the bucket on an earlier stream (another replica's) may hold a
+        // token bucket that Envoy would take for this one (it compares neither the rate
+        // nor the seconds of `fill_interval`) and keep running at the old rate. A blanket
+        // rule first, in the same answer, makes it start the new one: Envoy applies a
+        // message's actions in order (`onQuotaResponse` in
+        // `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`).
+        if first && bucket.continued && matches!(assignment.strategy, Strategy::TokenBucket { .. })
+        {
+            let blanket = Assignment {
+                strategy: Strategy::DenyAll,
+                ttl: assignment.ttl,
+            };
+            actions.push(wire::assign(&bucket.id, &blanket));
+        }
+        actions.push(wire::assign(&bucket.id, &assignment));
+        actions
+    }
+}
+
+/// What a bucket's reading makes of it: the assignment, the stream's part of the bucket
+/// (which decides whether a slow bucket is paced) and when a denial ends.
+struct Next {
+    assignment: Assignment,
+    fraction: f64,
+    refill: Option<Duration>,
+}
+
+impl Tracked {
+    /// The assignment the bucket's `reading` calls for; `None` when the backend failed and
+    /// the failure mode says to leave the client to its own (or the assignment in force
+    /// stands until its TTL).
+    fn next(
+        &mut self,
+        reading: Option<Result<ledger::Reading, BackendError>>,
+        failure_mode: FailureMode,
+        now: Instant,
+    ) -> Option<Next> {
+        let ttl = assign::ttl(self.interval);
+        let blanket = |strategy| Next {
+            assignment: Assignment { strategy, ttl },
+            fraction: 1.0,
+            refill: None,
+        };
+        let quota = match (&self.rule, reading) {
+            (QuotaRule::Limited(quota), Some(Ok(reading))) => (quota.clone(), reading),
+            // Counted where the limiter made the call.
+            (_, Some(Err(_))) => {
+                // The assignment in force stands until its TTL.
+                if self.sent.is_some_and(|sent| sent.expires > now) {
+                    return None;
+                }
+                return match failure_mode.fallback() {
+                    Fallback::Admit => Some(blanket(Strategy::AllowAll)),
+                    Fallback::Deny => Some(blanket(Strategy::DenyAll)),
+                    Fallback::Unavailable => None,
+                };
+            }
+            _ => return Some(blanket(Strategy::AllowAll)),
+        };
+        let (quota, reading) = quota;
+        self.unbooked = Pending::default();
+        if quota.shadow {
+            return Some(blanket(Strategy::AllowAll));
+        }
+        let per_second = assign::per_second(&quota.policy, reading.budget, self.interval);
+        let room = assign::room(per_second);
+        let others = fair::others(reading.total, self.own_counts);
+        self.fair = fair::fair_share(room, &others);
+        let rate = fair::rate(self.demand_rate, &others, room);
+        let fraction = if room > 0.0 { rate / room } else { 1.0 };
+        Some(Next {
+            assignment: assign::size(&quota.policy, reading.budget, fraction, self.interval),
+            fraction,
+            refill: Some(reading.budget.reset),
+        })
+    }
+
+    /// Decides what the client gets of `next`: the assignment in force when `next` did not
+    /// move enough ([`assign::moved`]), held until the stream's slot when paced
+    /// ([`pace`]); records it as sent. `None` when nothing is to be pushed: no report asked
+    /// (`answer`) and nothing changed.
+    fn push(&mut self, next: Next, phase: f64, now: Instant, answer: bool) -> Option<Assignment> {
+        let ttl = assign::ttl(self.interval);
+        let window = match &self.rule {
             QuotaRule::Limited(quota) => Duration::from_millis(quota.policy.window_ms()),
             QuotaRule::Unlimited => Duration::ZERO,
         };
-        bucket.next_look = None;
-        // When a denial ends: the stream pushes the refill then.
-        let mut refill = None;
-        // The stream's part of the bucket, which decides whether a slow bucket is paced.
-        let mut fraction = 1.0;
-        let next = match (&bucket.rule, reading) {
-            (QuotaRule::Limited(quota), Some(Ok(reading))) => {
-                bucket.unbooked = Pending::default();
-                if quota.shadow {
-                    Assignment {
-                        strategy: Strategy::AllowAll,
-                        ttl,
-                    }
-                } else {
-                    let per_second =
-                        assign::per_second(&quota.policy, reading.budget, bucket.interval);
-                    let room = assign::room(per_second);
-                    let others = fair::others(reading.total, bucket.own_counts);
-                    bucket.fair = fair::fair_share(room, &others);
-                    let rate = fair::rate(bucket.demand_rate, &others, room);
-                    fraction = if room > 0.0 { rate / room } else { 1.0 };
-                    refill = Some(reading.budget.reset);
-                    assign::size(&quota.policy, reading.budget, fraction, bucket.interval)
-                }
-            }
-            // Counted where the limiter made the call.
-            (_, Some(Err(_))) => {
-                // The assignment in force stands until its TTL; a bucket without one
-                // gets what the failure mode says.
-                if bucket.sent.is_some_and(|sent| sent.expires > now) {
-                    return None;
-                }
-                let strategy = match failure_mode {
-                    FailureMode::Allow => Strategy::AllowAll,
-                    FailureMode::Deny => Strategy::DenyAll,
-                    FailureMode::Error => return None,
-                };
-                Assignment { strategy, ttl }
-            }
-            _ => Assignment {
-                strategy: Strategy::AllowAll,
-                ttl,
-            },
-        };
-        let (mut strategy, mut lives) = match bucket.sent {
+        let running = self.sent.filter(|sent| sent.expires > now);
+        let (mut strategy, mut lives) = match self.sent {
             // Kept, it lives as long as an assignment does, also in place of a DENY_ALL.
-            Some(sent) if sent.expires > now && !assign::moved(&sent.strategy, &next, window) => {
+            Some(sent)
+                if running.is_some()
+                    && !assign::moved(&sent.strategy, &next.assignment, window) =>
+            {
                 (sent.strategy, ttl)
             }
             Some(sent) => (
-                assign::distinct_for_envoy(&sent.strategy, next.strategy),
-                next.ttl,
+                assign::distinct_for_envoy(&sent.strategy, next.assignment.strategy),
+                next.assignment.ttl,
             ),
-            None => (next.strategy, next.ttl),
+            None => (next.assignment.strategy, next.assignment.ttl),
         };
         let changes = |strategy: &Strategy| {
-            bucket.sent.is_none_or(|sent| {
-                !assign::same_for_envoy(&sent.strategy, strategy) || sent.expires <= now
-            })
+            running.is_none_or(|sent| !assign::same_for_envoy(&sent.strategy, strategy))
         };
         let mut changed = changes(&strategy);
         let wait = changed
             .then(|| {
                 let now_ms = SystemClock.now_ms();
-                pace::wait(&strategy, fraction, bucket.interval, self.phase, now_ms)
+                pace::wait(&strategy, next.fraction, self.interval, phase, now_ms)
             })
             .flatten();
-        bucket.slot = pace::slot(bucket.slot, wait, now);
-        let slot = bucket.slot.map(|slot| slot - now);
+        self.slot = pace::slot(self.slot, wait, now);
+        let slot = self.slot.map(|slot| slot - now);
         if let Some(wait) = slot {
-            let running = bucket.sent.filter(|sent| sent.expires > now);
             strategy = pace::held(running.map(|sent| sent.strategy), &strategy);
             lives = ttl + assign::whole_seconds(wait);
             changed = changes(&strategy);
         }
+        self.next_look = match (slot, next.refill) {
+            (Some(wait), _) => Some(now + wait),
+            (None, Some(refill)) if changed || answer => {
+                (strategy == Strategy::DenyAll).then(|| now + refill.max(Duration::from_millis(1)))
+            }
+            _ => None,
+        };
         if !answer && !changed {
-            bucket.next_look = slot.map(|wait| now + wait);
             return None;
         }
-        bucket.sent = Some(Sent {
+        self.sent = Some(Sent {
             strategy,
             expires: now + lives,
         });
-        if let Some(wait) = slot {
-            bucket.next_look = Some(now + wait);
-        } else if strategy == Strategy::DenyAll
-            && let Some(refill) = refill
-        {
-            bucket.next_look = Some(now + refill.max(Duration::from_millis(1)));
-        }
-        self.shared.metrics.assigned(strategy.label());
-        Some(wire::assign(
-            &bucket.id,
-            &Assignment {
-                strategy,
-                ttl: lives,
-            },
-        ))
+        Some(Assignment {
+            strategy,
+            ttl: lives,
+        })
     }
 }
 

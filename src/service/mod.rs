@@ -21,7 +21,7 @@ use crate::headers::{self, HeaderMode};
 use crate::limiter::request::InvalidRequest;
 use crate::limiter::request::bounds::MAX_DESCRIPTORS;
 use crate::limiter::{
-    Code, Descriptor, FailureMode, LimitError, LimitOverride, Limiter, Request, Response, Status,
+    Code, Descriptor, Fallback, LimitError, LimitOverride, Limiter, Request, Response, Status,
 };
 use crate::metrics::Metrics;
 use crate::otel;
@@ -250,15 +250,15 @@ impl RlsService {
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
         let metrics = self.limiter.metrics();
         metrics.shed(reason);
-        let status = match self.limiter.failure_mode() {
-            FailureMode::Error => {
+        let status = match self.limiter.failure_mode().fallback() {
+            Fallback::Unavailable => {
                 metrics.decided("UNAVAILABLE");
                 return Err(GrpcStatus::unavailable(
                     "rate limit service overloaded: call shed",
                 ));
             }
-            FailureMode::Allow => Status::unmatched(),
-            FailureMode::Deny => Status {
+            Fallback::Admit => Status::unmatched(),
+            Fallback::Deny => Status {
                 code: Code::OverLimit,
                 ..Status::unmatched()
             },

@@ -170,12 +170,12 @@ async def paced(target, domain):
         await asyncio.gather(envoy, return_exceptions=True)
 
 
-async def converse(target, domain, sent=None, pushes=0, every=0):
+async def converse(target, domain, sent=None, pushes=0, every=0, in_order=False):
     """Sends `sent` (by default the immediate then the periodic report), each once the
     previous one got an action on every bucket it named and `every` seconds passed since it
     was sent, waits for `pushes` more answers,
-    then half-closes. Returns the last action per bucket, or with `pushes` every action in
-    order."""
+    then half-closes. Returns the last action per bucket, or with `pushes` (or `in_order`)
+    every action in order."""
     if sent is None:
         sent = [immediate_report(domain), periodic_report(domain)]
     channel = channel_for(target)
@@ -231,7 +231,8 @@ async def converse(target, domain, sent=None, pushes=0, every=0):
         await asyncio.wait_for(drain(), TIMEOUT)
     finally:
         channel.close()
-    return [describe(action) for action in (every_action if pushes else last.values())]
+    ordered = pushes or in_order
+    return [describe(action) for action in (every_action if ordered else last.values())]
 
 
 def main():
@@ -247,7 +248,8 @@ def main():
         if mode == "--moved":
             before, after = moved_reports(domain)
             await converse(target, domain, before)
-            return await converse(target, domain, after)
+            # Every action in order: the blanket rule that comes first, then the bucket.
+            return await converse(target, domain, after, in_order=True)
         return await paced(target, domain)
 
     try:

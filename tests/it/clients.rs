@@ -195,21 +195,24 @@ async fn rlqs_check(args: &[&str]) -> (Vec<serde_json::Value>, String) {
 /// then on a new connection the report Envoy's next tick sends (`time_elapsed` 5 s, counted
 /// from the bucket's last report whatever the stream: `getUsageFromBucket` and
 /// `onSendReportsTimer` in `source/extensions/filters/http/rate_limit_quota/
-/// global_client_impl.cc`). The demand of the stream gone still counts in the shared
-/// counter; taken for another client's, it left a third of the rates (600 a second).
+/// global_client_impl.cc`). The ended stream took its demand with it, so the Envoy gets at
+/// least its 800 a second; and since it may still run the old stream's token bucket, which
+/// Envoy would keep if the fields it compares matched, a `DENY_ALL` comes first in the same
+/// answer, so the new token bucket is the one that runs (issue 47).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_data_plane_reports_of_a_reopened_stream_keep_the_rate() {
     let server = TestServer::start(&[("clients-rlqs.yaml", RLQS_CONFIG)]).await;
     let target = server.grpc.to_string();
     let (actions, stdout) = rlqs_check(&["--moved", &target, "clients-rlqs"]).await;
-    let [action] = actions.as_slice() else {
-        panic!("one action expected: {stdout}");
+    let [blanket, action] = actions.as_slice() else {
+        panic!("a blanket rule, then the token bucket: {stdout}");
     };
+    assert_eq!(blanket["kind"], "deny_all", "{stdout}");
     assert_eq!(action["kind"], "token_bucket", "{stdout}");
     let per_fill = action["tokens_per_fill"].as_f64().expect("tokens_per_fill");
     let seconds = action["fill_seconds"].as_f64().expect("fill_seconds");
     let rate = per_fill / seconds;
-    assert!((800.0..=810.0).contains(&rate), "{rate} a second: {stdout}");
+    assert!(rate >= 800.0, "{rate} a second: {stdout}");
     server.stop().await;
 }
 

@@ -95,7 +95,9 @@ impl Quota {
         }
     }
 
-    /// The next action for `id`, passing over answers about other buckets (at most 50).
+    /// The next action for `id`, passing over answers about other buckets (at most 50):
+    /// the last of an answer's actions for it, the one Envoy ends up with (it applies them
+    /// in order).
     pub(crate) async fn action_for(&mut self, id: &[(&str, &str)]) -> BucketAction {
         let id = bucket_id(id);
         for _ in 0..50 {
@@ -103,7 +105,7 @@ impl Quota {
             if let Some(action) = answer
                 .bucket_action
                 .into_iter()
-                .find(|action| action.bucket_id.as_ref() == Some(&id))
+                .rfind(|action| action.bucket_id.as_ref() == Some(&id))
             {
                 return action;
             }
@@ -493,7 +495,7 @@ async fn two_streams_split_one_budget(a: &TestServer, b: &TestServer, value: &st
     let mut first = Quota::open(a.grpc).await;
     let mut second = Quota::open(b.grpc).await;
     let whole = rate(first.report("web", id, 0, 100).await);
-    assert!((whole - 900.0).abs() < 1.0, "{whole}");
+    assert!((whole - 950.0).abs() < 1.0, "{whole}");
     let half = rate(second.report("web", id, 0, 100).await);
     assert!(
         half > 0.3 * whole && half < 0.6 * whole,
@@ -769,11 +771,13 @@ async fn bad_buckets_are_skipped_and_only_bad_messages_end_the_stream() {
     for _ in 0..2 {
         quota.send(message.clone()).await;
         let answer = quota.next().await.expect("the stream stays open");
-        let ids: Vec<_> = answer
+        let mut ids: Vec<_> = answer
             .bucket_action
             .iter()
             .map(|a| a.bucket_id.clone())
             .collect();
+        // A bucket whose first report covers time gets a blanket rule before its bucket.
+        ids.dedup();
         assert_eq!(ids, [Some(bucket_id(good))]);
     }
     let text = common::scrape(server.http).await;
@@ -849,11 +853,12 @@ async fn buckets_past_the_bound_are_left_unanswered_and_the_stream_stays_open() 
     for _ in 0..2 {
         quota.send(usages("web", &four)).await;
         let answered = quota.next().await.expect("the stream stays open");
-        let ids: Vec<_> = answered
+        let mut ids: Vec<_> = answered
             .bucket_action
             .iter()
             .map(|a| a.bucket_id.clone())
             .collect();
+        ids.dedup();
         assert_eq!(
             ids,
             four[..3]
@@ -886,7 +891,13 @@ async fn buckets_past_the_bound_are_left_unanswered_and_the_stream_stays_open() 
         quota.send(usages("web", &three)).await;
         if stream < 2 {
             let answered = quota.next().await.expect("answered");
-            assert_eq!(answered.bucket_action.len(), 3, "stream {stream}");
+            let mut ids: Vec<_> = answered
+                .bucket_action
+                .iter()
+                .map(|a| &a.bucket_id)
+                .collect();
+            ids.dedup();
+            assert_eq!(ids.len(), 3, "stream {stream}");
         }
         streams.push(quota);
     }

@@ -16,8 +16,10 @@ WORKDIR/rules.txt (those directories and where their files come from), and check
 - the Istio and Envoy examples send exactly the descriptors their rule files limit;
 - the AI Gateway token budgets: the BackendTrafficPolicy's global rules use only the fields
   Envoy Gateway declares, each cost read from AI Gateway's metadata names a key the
-  AIGatewayRoute's llmRequestCosts writes, and a rule charged on the response asks with a
-  request cost of 0 (a peek) first;
+  AIGatewayRoute's llmRequestCosts writes, a rule charged on the response asks with a
+  request cost of 0 (a peek) first and is `shared` (one budget across the route's rules),
+  and each per-tenant (Distinct) rule has a shared rule that budgets the requests without
+  its header;
 - the Dockerfile has its stages, builds with --locked and runs as non-root;
 - the Grafana dashboards parse, and every panel queries Prometheus through the dashboard's
   data source variable; the Prometheus rule files parse and every alert has an expression,
@@ -681,6 +683,8 @@ def check_envoy_gateway(work):
 # RateLimitCostSpecifier, RateLimitCostMetadata); `limit.fromMetadata` from
 # internal/gatewayapi/backendtrafficpolicy.go (buildRateLimitRule). No schema check sees these
 # CRDs, so a misspelt field would otherwise be pruned by the API server without a word.
+# deploy/ai-gateway is written against v1.6.0 (commit fca7a8d9, which carries
+# release-notes/v1.6.0.yaml); `shadowMode` and `limit.fromMetadata` are later additions.
 EG_RULE_FIELDS = {"clientSelectors", "limit", "cost", "shared", "shadowMode"}
 EG_SELECTOR_FIELDS = {"headers", "methods", "path", "sourceCIDR"}
 EG_HEADER_FIELDS = {"name", "type", "value", "invert"}
@@ -722,6 +726,9 @@ def check_rate_limit_rule(where, rule, written_keys):
     """One global rule; returns nothing, records failures."""
     if unknown_fields(where, rule, EG_RULE_FIELDS):
         return
+    for flag in ("shared", "shadowMode"):
+        if flag in rule and not isinstance(rule[flag], bool):
+            fail(where, f"{flag} must be true or false, not {rule[flag]!r}")
     for i, selector in enumerate(rule.get("clientSelectors") or []):
         here = f"{where} clientSelectors[{i}]"
         if unknown_fields(here, selector, EG_SELECTOR_FIELDS):
@@ -761,6 +768,86 @@ def check_rate_limit_rule(where, rule, written_keys):
         fail(f"{where} cost.request", "a rule charged on the response must ask first: {from: Number, number: 0}")
 
 
+# Header values a tenant header carries; a rule that budgets requests *without* the header
+# must not match any of them. Envoy Gateway's regexes are RE2; these patterns are plain
+# enough to read the same in Python.
+SAMPLE_TENANTS = ("acme", "tenant-42", "x", "Org/Team:9")
+
+
+def header_matches(rule):
+    """Every header match of a rule, over all its client selectors."""
+    return [h for s in rule.get("clientSelectors") or [] if isinstance(s, dict)
+            for h in s.get("headers") or [] if isinstance(h, dict)]
+
+
+def tenant_headers(rule):
+    """The headers a rule keeps a budget per value of (type Distinct): a per-tenant rule."""
+    return {str(h.get("name") or "").lower() for h in header_matches(rule) if h.get("type") == "Distinct"}
+
+
+def absent_header(rule):
+    """The header whose absence alone selects this rule, or None.
+
+    Envoy Gateway turns an inverted match into a header_value_match action with
+    expect_match false (internal/xds/translator/ratelimit.go), and an absent header fails any
+    value match in Envoy, so `invert: true` on a regex that matches every value holds exactly
+    when the header is missing (or, for `.+`, empty). The rule must select on nothing else,
+    or it would budget only some of those requests."""
+    selectors = rule.get("clientSelectors") or []
+    if len(selectors) != 1 or not isinstance(selectors[0], dict) or set(selectors[0]) != {"headers"}:
+        return None
+    headers = selectors[0]["headers"] or []
+    if len(headers) != 1 or not isinstance(headers[0], dict):
+        return None
+    (header,) = headers
+    if header.get("type") != "RegularExpression" or header.get("invert") is not True:
+        return None
+    try:
+        if not all(re.fullmatch(str(header.get("value")), value) for value in SAMPLE_TENANTS):
+            return None
+    except re.error:
+        return None
+    return str(header.get("name") or "").lower()
+
+
+def check_tenant_budgets(where, rules):
+    """One budget per tenant across the route's rules, and one for requests without a tenant.
+
+    Envoy Gateway keys a rule that is not `shared` by the Envoy route (one per HTTPRoute rule,
+    match and hostname; AI Gateway makes an HTTPRoute rule of each AIGatewayRoute rule), so an
+    unshared per-tenant rule is a budget per tenant *per model*. And Envoy drops a descriptor
+    whose request_headers action finds no header: without a rule for the header's absence,
+    requests without it are never budgeted (docs/cost-budgets.md#shared-and-unshared-rules)."""
+    any_shared = any(isinstance(rule, dict) and rule.get("shared") is True for rule in rules)
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            continue
+        here = f"{where} rules[{i}]"
+        shared = rule.get("shared") is True
+        names = tenant_headers(rule)
+        if names and not shared:
+            fail(here, f"a per-tenant budget ({', '.join(sorted(names))}) must be `shared: true`: "
+                 "unshared, Envoy Gateway keeps it per route, one budget per tenant for each model")
+        elif (rule.get("cost") or {}).get("response") and not shared:
+            fail(here, "a token budget must be `shared: true`: unshared, Envoy Gateway keeps it per route"
+                 + (" (and v1.6.0 sends it to the shared rules' domain, where it matches nothing)"
+                    if any_shared else ""))
+    defaults = {}
+    for rule in rules:
+        if isinstance(rule, dict) and rule.get("shared") is True and absent_header(rule):
+            defaults.setdefault(absent_header(rule), []).append(rule)
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            continue
+        response = (rule.get("cost") or {}).get("response")
+        for name in sorted(tenant_headers(rule)):
+            caught = [d for d in defaults.get(name, []) if (d.get("cost") or {}).get("response") == response]
+            if not caught:
+                fail(f"{where} rules[{i}]", f"requests without {name} are never budgeted: add a shared rule "
+                     f"selecting only {{name: {name}, type: RegularExpression, value: \".+\", invert: true}}, "
+                     "charged as this rule is")
+
+
 def check_ai_gateway(renders):
     """deploy/ai-gateway: the token-budget policy and the route whose token counts it reads."""
     objects = renders.get("ai-gateway", [])
@@ -797,8 +884,10 @@ def check_ai_gateway(renders):
         for i, rule in enumerate(rate_limit["global"]["rules"]):
             check_rate_limit_rule(f"{name} rules[{i}]", rule, written)
             rules += 1
+        check_tenant_budgets(name, rate_limit["global"]["rules"])
     if len(failures) == before:
-        ok(f"{where}: {rules} global rules, costs read from {AI_GATEWAY_METADATA} keys {sorted(written)}")
+        ok(f"{where}: {rules} global rules, token budgets shared, requests without a tenant budgeted, "
+           f"costs read from {AI_GATEWAY_METADATA} keys {sorted(written)}")
 
 
 def check_observability():

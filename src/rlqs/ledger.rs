@@ -94,45 +94,48 @@ impl Ledger {
             });
         }
         // A lockout rule starts its lock on a denial, so never try what may not fit.
-        let direct = allowed > 0 && quota.policy.lockout.is_none();
-        let first = if direct { allowed } else { 0 };
-        let mut charges = vec![self.charge(quota, first, spread_ms)];
+        let first = if quota.policy.lockout.is_none() {
+            allowed
+        } else {
+            0
+        };
+        let mut charges = self.book_then_peek(quota, first, spread_ms).to_vec();
         charges.extend(counters(quota, counted));
         let outcomes = call(charges).await?;
-        let total = totals(&outcomes[1..]);
-        let mut state = outcomes[0];
-        // Whether `state` is a peek (it then says whether one more fits, and when it will).
-        let mut peeked = first == 0;
-        let mut left = if direct && state.allowed { 0 } else { allowed };
+        let total = totals(&outcomes[2..]);
+        let mut left = if first > 0 && outcomes[0].allowed {
+            0
+        } else {
+            allowed
+        };
+        let mut peek = outcomes[1];
+        // What fits of a report that did not fit whole; others may book meanwhile, and the
+        // next round's peek says so.
         for _ in 0..SATURATE_ROUNDS {
-            if left == 0 {
-                break;
-            }
-            if !peeked {
-                state = call(vec![self.charge(quota, 0, 0)]).await?[0];
-                peeked = true;
-            }
-            let fits = left.min(state.remaining);
+            let fits = left.min(peek.remaining);
             if fits == 0 {
                 break;
             }
-            // Others may have booked since the peek; then peek again.
-            let booked = call(vec![self.charge(quota, fits, spread_ms)]).await?[0];
-            peeked = false;
-            if booked.allowed {
+            let outcomes = call(self.book_then_peek(quota, fits, spread_ms).to_vec()).await?;
+            if outcomes[0].allowed {
                 left -= fits;
-                state = booked;
             }
-        }
-        // A booking's reset is not "until one more fits"; a spent bucket needs that one.
-        let open = state.allowed && state.remaining > 0;
-        if !peeked && !open {
-            state = call(vec![self.charge(quota, 0, 0)]).await?[0];
+            peek = outcomes[1];
         }
         Ok(Reading {
-            budget: budget(&state),
+            budget: budget(&peek),
             total,
         })
+    }
+
+    /// A booking of `cost` and a peek after it, in one call: the peek says whether one more
+    /// fits and when, whatever the booking did, so a spent bucket costs no second round
+    /// trip to learn its refill.
+    fn book_then_peek(&self, quota: &QuotaBucket, cost: u64, spread_ms: u64) -> [Charge; 2] {
+        [
+            self.charge(quota, cost, spread_ms),
+            self.charge(quota, 0, 0),
+        ]
     }
 
     /// A charge that books only what fits, whatever the rule's accounting: a `consume`

@@ -176,3 +176,118 @@ fn nothing_below_service_uses_the_protocol_types() {
         "below `service`, yet using crate::proto: {knowing:?}"
     );
 }
+
+/// The sibling files a file of `src/` names through `super::` (outside comments and
+/// `#[cfg(test)]` code), `use super::{a, b::c}` groups included.
+fn sibling_uses(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ident = |text: &str| -> String {
+        text.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (at, _) in code.match_indices("super::") {
+        let rest = &code[at + "super::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        names.push(ident(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            names.push(ident(&item));
+        } else {
+            names.push(ident(rest));
+        }
+    }
+    names.retain(|name| !name.is_empty() && name != "super" && name != "self");
+    names
+}
+
+/// Issue 47: no two files of one module import each other, directly or round a longer
+/// cycle (`rlqs/assign.rs` and `rlqs/pace.rs` once did). Each directory of `src/` is one
+/// module; its files are siblings, and `super::name` is how one names another.
+#[test]
+fn the_files_of_a_module_import_each_other_without_a_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = vec![src.clone()];
+    let mut cycles = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let Some(name) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            if path.extension().is_some_and(|e| e == "rs")
+                && !["mod", "tests"].contains(&name.as_str())
+            {
+                files.insert(name, path);
+            }
+        }
+        let edges: BTreeMap<&String, Vec<String>> = files
+            .iter()
+            .map(|(name, path)| {
+                let text = std::fs::read_to_string(path).expect("read");
+                let mut uses = sibling_uses(&text);
+                uses.retain(|used| files.contains_key(used) && used != name);
+                uses.sort();
+                uses.dedup();
+                (name, uses)
+            })
+            .collect();
+        // Depth-first from every file; a path back to a file on the stack is a cycle.
+        fn visit(
+            name: &str,
+            edges: &BTreeMap<&String, Vec<String>>,
+            stack: &mut Vec<String>,
+            cycles: &mut Vec<String>,
+        ) {
+            if let Some(at) = stack.iter().position(|seen| seen == name) {
+                let mut cycle = stack[at..].to_vec();
+                cycle.push(name.to_owned());
+                cycles.push(cycle.join(" -> "));
+                return;
+            }
+            stack.push(name.to_owned());
+            for next in edges.get(&name.to_owned()).into_iter().flatten() {
+                visit(next, edges, stack, cycles);
+            }
+            stack.pop();
+        }
+        for name in files.keys() {
+            let mut found = Vec::new();
+            visit(name, &edges, &mut Vec::new(), &mut found);
+            let folder = dir.strip_prefix(&src).unwrap_or(&dir).display().to_string();
+            cycles.extend(found.into_iter().map(|cycle| format!("{folder}: {cycle}")));
+        }
+    }
+    cycles.sort();
+    cycles.dedup();
+    assert!(
+        cycles.is_empty(),
+        "import cycles between files:\n{}",
+        cycles.join("\n")
+    );
+}

@@ -7,7 +7,7 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{Engine, RedisCluster, RedisServer};
 use floodgate::backend::memory::MemoryBackend;
 use floodgate::backend::{
     Backend, BackendError, BucketKey, Charge, Group, Item, RedisBackend, RedisOptions, Weight,
@@ -125,14 +125,18 @@ async fn books_nothing_when_rejected(backend: &dyn Backend, tag: &str) {
 async fn every_backend_books_nothing_for_a_rejected_request() {
     let memory = MemoryBackend::new(1000);
     books_nothing_when_rejected(&memory, "memory").await;
+    redis_and_cluster_book_nothing_for_a_rejected_request(Engine::Redis).await;
+}
 
-    let server = RedisServer::start();
+/// A rejected request books nothing on one `engine` node and on an `engine` cluster.
+pub(crate) async fn redis_and_cluster_book_nothing_for_a_rejected_request(engine: Engine) {
+    let server = RedisServer::start_engine(engine, &[]);
     let redis = RedisBackend::connect(&server.url(), options(2000))
         .await
         .unwrap();
     books_nothing_when_rejected(&redis, "redis").await;
 
-    let cluster = RedisCluster::start_async().await;
+    let cluster = RedisCluster::start_engine_async(engine).await;
     let backend = cluster.backend().await;
     books_nothing_when_rejected(&backend, "cluster").await;
 }

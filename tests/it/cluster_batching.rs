@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{Engine, RedisCluster, RedisServer};
 use floodgate::backend::{
     Backend, BucketKey, Charge, ClusterBackend, Group, Item, RedisOptions, Weight,
 };
@@ -41,8 +41,14 @@ fn fcalls(cluster: &RedisCluster) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_share_one_fcall_per_master() {
+    requests_share_one_fcall_per_master(Engine::Redis).await;
+}
+
+/// Concurrent requests share one FCALL per master of an `engine` cluster, and a request
+/// spread over masters books nothing when it ends rejected.
+pub(crate) async fn requests_share_one_fcall_per_master(engine: Engine) {
     const REQUESTS: usize = 300;
-    let cluster = RedisCluster::start_async().await;
+    let cluster = RedisCluster::start_engine_async(engine).await;
     let backend = ClusterBackend::connect(&cluster.urls(), options())
         .await
         .unwrap();

@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::redis::RedisCluster;
+use common::redis::{Engine, RedisCluster};
 use floodgate::backend::{Backend, BucketKey, Charge, ClusterBackend, RedisOptions};
 use floodgate::rules::{Policy, Unit};
 use futures::future::join_all;
@@ -89,7 +89,18 @@ fn probes(cluster: &RedisCluster) -> Vec<Probe> {
 }
 
 async fn run(fault: Fault, extra: &[&str]) -> Tally {
-    let mut cluster = RedisCluster::start_with_async(extra).await;
+    run_on(Engine::Redis, fault, extra).await
+}
+
+/// Runs `fault` against a cluster of `engine` nodes started with `extra`.
+async fn run_on(engine: Engine, fault: Fault, extra: &[&str]) -> Tally {
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    let mut cluster = tokio::task::spawn_blocking(move || {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        RedisCluster::start_engine(engine, &extra)
+    })
+    .await
+    .expect("cluster start");
     let backend = ClusterBackend::connect(
         &cluster.urls(),
         RedisOptions {
@@ -222,7 +233,13 @@ fn assert_only_the_failed_shard_erred(tally: &Tally) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_fails_only_its_own_buckets() {
-    let tally = run(Fault::Kill, NO_FULL_COVERAGE).await;
+    a_killed_master_fails_only_its_own_buckets_on(Engine::Redis).await;
+}
+
+/// A killed master of an `engine` cluster fails only its own buckets, and its replica
+/// takes over.
+pub(crate) async fn a_killed_master_fails_only_its_own_buckets_on(engine: Engine) {
+    let tally = run_on(engine, Fault::Kill, NO_FULL_COVERAGE).await;
     assert_only_the_failed_shard_erred(&tally);
 }
 

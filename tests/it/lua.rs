@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{Engine, RedisCluster, RedisServer};
 use common::vectors::{self, Action, Observed};
 use floodgate::backend::redis::Scripting;
 use floodgate::backend::redis::calls::Argv;
@@ -137,7 +137,13 @@ fn locked_until(conn: &mut Connection, algorithm: Algorithm, key: &str) -> i64 {
 /// the Rust algorithms.
 #[test]
 fn every_vector_holds_on_the_lua_scripts() {
-    let server = RedisServer::start();
+    every_vector_holds_on(Engine::Redis);
+}
+
+/// Every vector on an `engine` node, through `EVALSHA` and through Functions (`FUNCTION
+/// LOAD`, `FCALL`).
+pub(crate) fn every_vector_holds_on(engine: Engine) {
+    let server = RedisServer::start_engine(engine, &[]);
     let mut conn = connect(&server);
     for scripting in PATHS {
         let clock = Arc::new(ManualClock::new(START));

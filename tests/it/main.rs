@@ -39,4 +39,5 @@ mod statsd;
 mod tls;
 mod tracing;
 mod uds;
+mod valkey;
 mod xds;

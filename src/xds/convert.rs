@@ -162,6 +162,10 @@ fn descriptor(raw: &RateLimitDescriptor) -> Value {
         let children: Vec<Value> = raw.descriptors.iter().map(descriptor).collect();
         out.insert("descriptors".into(), Value::Array(children));
     }
+    if let Some(metadata) = raw.metadata.as_ref().filter(|m| !m.fields.is_empty()) {
+        // proto3 JSON of a Struct is the JSON object a YAML `metadata` mapping reads as.
+        out.insert("metadata".into(), json!(metadata));
+    }
     for (flag, set) in [
         ("shadow_mode", raw.shadow_mode),
         ("detailed_metric", raw.detailed_metric),
@@ -285,6 +289,37 @@ mod tests {
         assert_eq!(ip.replaces, ["weekly"]);
         let free = rules.iter().find(|rule| rule.path == "free").unwrap();
         assert_eq!(free.limit, crate::rules::Limit::Unlimited);
+    }
+
+    /// `metadata = 8` (go-control-plane, June 2026) reaches the rule as a YAML `metadata`
+    /// mapping would; it was dropped as an unknown field before.
+    #[test]
+    fn descriptor_metadata_reaches_the_rule() {
+        use pbjson_types::{Struct, Value as ProtoValue, value::Kind};
+        let mut described = limited("route", RateLimitUnit::Minute, 5);
+        let text = |text: &str| ProtoValue {
+            kind: Some(Kind::StringValue(text.into())),
+        };
+        described.metadata = Some(Struct {
+            fields: [("service".to_owned(), text("checkout"))].into(),
+        });
+        // Field 8, length-delimited, on the wire.
+        assert!(described.encode_to_vec().contains(&((8 << 3) | 2)));
+        let domains = domains(&[any(&config("m", "api", vec![described]))])
+            .unwrap_or_else(|errors| panic!("{errors:?}"));
+        let matcher = crate::matcher::Matcher::new(domains);
+        let rule = matcher
+            .rules()
+            .iter()
+            .find(|rule| rule.path == "route")
+            .cloned();
+        let metadata = rule
+            .and_then(|rule| rule.metadata.clone())
+            .expect("metadata");
+        assert_eq!(
+            Value::Object(metadata.0.clone()),
+            json!({"service": "checkout"})
+        );
     }
 
     #[test]

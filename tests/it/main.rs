@@ -19,6 +19,7 @@ mod config;
 mod conformance;
 mod dynamic_metadata;
 mod fuzz;
+mod gateway;
 mod hostile;
 mod layering;
 mod limits;

@@ -33,39 +33,50 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+pub(crate) const TYPE_URL: &str =
+    "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
 /// The resource as the management server encodes it: written here from the
 /// go-control-plane field numbers, independently of floodgate's own proto.
 #[derive(Clone, PartialEq, Message)]
-struct RateLimitConfig {
+pub(crate) struct RateLimitConfig {
     #[prost(string, tag = "1")]
-    name: String,
+    pub(crate) name: String,
     #[prost(string, tag = "2")]
-    domain: String,
+    pub(crate) domain: String,
     #[prost(message, repeated, tag = "3")]
-    descriptors: Vec<RateLimitDescriptor>,
+    pub(crate) descriptors: Vec<RateLimitDescriptor>,
 }
 
 #[derive(Clone, PartialEq, Message)]
-struct RateLimitDescriptor {
+pub(crate) struct RateLimitDescriptor {
     #[prost(string, tag = "1")]
-    key: String,
+    pub(crate) key: String,
     #[prost(string, tag = "2")]
-    value: String,
+    pub(crate) value: String,
     #[prost(message, optional, tag = "3")]
-    rate_limit: Option<RateLimitPolicy>,
+    pub(crate) rate_limit: Option<RateLimitPolicy>,
     #[prost(message, repeated, tag = "4")]
-    descriptors: Vec<RateLimitDescriptor>,
+    pub(crate) descriptors: Vec<RateLimitDescriptor>,
+    #[prost(bool, tag = "5")]
+    pub(crate) shadow_mode: bool,
+    #[prost(bool, tag = "6")]
+    pub(crate) detailed_metric: bool,
+    #[prost(bool, tag = "7")]
+    pub(crate) quota_mode: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
-struct RateLimitPolicy {
-    /// 2 = MINUTE, 0 = UNKNOWN.
+pub(crate) struct RateLimitPolicy {
+    /// 1 = SECOND, 2 = MINUTE, 3 = HOUR, 4 = DAY, 5 = MONTH, 6 = YEAR, 7 = WEEK, 0 = UNKNOWN.
     #[prost(int32, tag = "1")]
-    unit: i32,
+    pub(crate) unit: i32,
     #[prost(uint32, tag = "2")]
-    requests_per_unit: u32,
+    pub(crate) requests_per_unit: u32,
+    #[prost(bool, tag = "3")]
+    pub(crate) unlimited: bool,
+    #[prost(string, tag = "4")]
+    pub(crate) name: String,
 }
 
 /// One resource limiting domain `xds`, key `k`, to `limit` per `unit`.
@@ -79,8 +90,10 @@ fn rules(name: &str, unit: i32, limit: u32) -> Vec<Any> {
             rate_limit: Some(RateLimitPolicy {
                 unit,
                 requests_per_unit: limit,
+                ..Default::default()
             }),
             descriptors: Vec::new(),
+            ..Default::default()
         }],
     };
     vec![Any {
@@ -90,7 +103,7 @@ fn rules(name: &str, unit: i32, limit: u32) -> Vec<Any> {
 }
 
 /// (version, resources) the server pushes to every stream.
-type Snapshot = Option<(String, Vec<Any>)>;
+pub(crate) type Snapshot = Option<(String, Vec<Any>)>;
 
 /// What the test ADS server saw: each request, with the stream's `x-token` header.
 type Seen = (DiscoveryRequest, Option<String>);
@@ -179,8 +192,8 @@ impl AggregatedDiscoveryService for Ads {
 }
 
 /// A running test ADS server and its controls.
-struct AdsServer {
-    addr: SocketAddr,
+pub(crate) struct AdsServer {
+    pub(crate) addr: SocketAddr,
     snapshot: watch::Sender<Snapshot>,
     seen: mpsc::UnboundedReceiver<Seen>,
     killed: watch::Sender<bool>,
@@ -189,7 +202,7 @@ struct AdsServer {
 
 impl AdsServer {
     /// Serves on `addr` (port 0 picks one) with `snapshot`, in plaintext.
-    async fn start(addr: SocketAddr, snapshot: Snapshot) -> AdsServer {
+    pub(crate) async fn start(addr: SocketAddr, snapshot: Snapshot) -> AdsServer {
         AdsServer::start_with_tls(addr, snapshot, None).await
     }
 
@@ -265,13 +278,15 @@ impl AdsServer {
 
 /// Starts floodgate with `adjust` applied; bind waits for the first xDS rules unless forced
 /// to start without, so the wait is bounded here.
-async fn start_floodgate(adjust: impl FnOnce(&mut floodgate::server::Settings)) -> TestServer {
+pub(crate) async fn start_floodgate(
+    adjust: impl FnOnce(&mut floodgate::server::Settings),
+) -> TestServer {
     tokio::time::timeout(Duration::from_secs(30), TestServer::start_with(&[], adjust))
         .await
         .expect("floodgate starts (its first xDS rules arrive) in time")
 }
 
-fn xds_settings(addr: SocketAddr) -> XdsSettings {
+pub(crate) fn xds_settings(addr: SocketAddr) -> XdsSettings {
     XdsSettings {
         server: addr.to_string(),
         node_id: "test-node".into(),
@@ -582,8 +597,10 @@ fn deep_chains(chains: usize, depth: usize) -> Vec<Any> {
                 rate_limit: Some(RateLimitPolicy {
                     unit: 2,
                     requests_per_unit: 5,
+                    ..Default::default()
                 }),
                 descriptors: Vec::new(),
+                ..Default::default()
             };
             for level in (0..depth - 1).rev() {
                 node = RateLimitDescriptor {
@@ -595,6 +612,7 @@ fn deep_chains(chains: usize, depth: usize) -> Vec<Any> {
                     },
                     rate_limit: None,
                     descriptors: vec![node],
+                    ..Default::default()
                 };
             }
             node
@@ -658,25 +676,45 @@ async fn a_deep_and_wide_update_is_answered_with_bounded_memory() {
     drop(server);
 }
 
-/// Envoy AI Gateway's token budgets, with rules as Envoy Gateway sends them (domain `ai`):
-/// `tenant`, `budget` tokens a second; `total`, an hourly budget no test spends.
+/// The domain Envoy Gateway names after a policy whose rules are `shared`
+/// (`internal/xds/translator/ratelimit.go`, v1.9.x: `<namespace>/<policy>`), as
+/// `deploy/ai-gateway/token-budgets.yaml`'s policy gets.
+const BUDGETS: &str = "default/llm-token-budgets";
+/// The top-level keys of the policy's rules 0 and 1, `<namespace>/<policy>/rule/<i>`.
+const TENANT_RULE: &str = "default/llm-token-budgets/rule/0";
+const TOTAL_RULE: &str = "default/llm-token-budgets/rule/1";
+
+/// Envoy AI Gateway's token budgets, with rules as Envoy Gateway sends shared ones (see
+/// `tests/it/gateway.rs` for the shapes): rule 0, per tenant (a distinct header, so a
+/// `rule-0-match-0` level without a value), `budget` tokens a second; rule 1, an hourly
+/// budget for all (`rule-1-match-0` with its own name as value) that no test spends.
 fn budget_rules(budget: u32) -> Vec<Any> {
-    let limited = |key: &str, unit, requests_per_unit| RateLimitDescriptor {
+    let rule = |key: &str, child: RateLimitDescriptor| RateLimitDescriptor {
         key: key.into(),
-        value: String::new(),
+        value: key.into(),
+        descriptors: vec![child],
+        ..Default::default()
+    };
+    let limited = |key: &str, value: &str, unit, requests_per_unit| RateLimitDescriptor {
+        key: key.into(),
+        value: value.into(),
         rate_limit: Some(RateLimitPolicy {
             unit,
             requests_per_unit,
+            ..Default::default()
         }),
-        descriptors: Vec::new(),
+        ..Default::default()
     };
     let config = RateLimitConfig {
-        name: "ai-budgets".into(),
-        domain: "ai".into(),
+        name: BUDGETS.into(),
+        domain: BUDGETS.into(),
         // 1 = SECOND, 3 = HOUR.
         descriptors: vec![
-            limited("tenant", 1, budget),
-            limited("total", 3, TOTAL_BUDGET),
+            rule(TENANT_RULE, limited("rule-0-match-0", "", 1, budget)),
+            rule(
+                TOTAL_RULE,
+                limited("rule-1-match-0", "rule-1-match-0", 3, TOTAL_BUDGET),
+            ),
         ],
     };
     vec![Any {
@@ -717,8 +755,11 @@ async fn two_phase_budget_holds(adjust: impl FnOnce(&mut floodgate::server::Sett
     })
     .await;
     let mut client = server.client().await;
-    let tenant = [("tenant", "t1")];
-    let total = [("total", "all")];
+    let tenant = [(TENANT_RULE, TENANT_RULE), ("rule-0-match-0", "t1")];
+    let total = [
+        (TOTAL_RULE, TOTAL_RULE),
+        ("rule-1-match-0", "rule-1-match-0"),
+    ];
     // (charged, admitted) tokens per epoch second, and whether the budget was spent in it.
     let mut windows: std::collections::BTreeMap<i64, (u64, u64)> = Default::default();
     let (mut charged, mut checks, mut admitted_after_spent) = (0u64, 0u64, Vec::new());
@@ -735,7 +776,8 @@ async fn two_phase_budget_holds(adjust: impl FnOnce(&mut floodgate::server::Sett
             tokio::time::sleep(Duration::from_millis(wait.max(1))).await;
             continue;
         }
-        let check = should_rate_limit(&mut client, request("ai", vec![costing(&tenant, 0)])).await;
+        let check =
+            should_rate_limit(&mut client, request(BUDGETS, vec![costing(&tenant, 0)])).await;
         checks += 1;
         let spent = windows.get(&window).is_some_and(|(c, _)| *c >= BUDGET);
         if check.overall_code == 1 {
@@ -743,7 +785,7 @@ async fn two_phase_budget_holds(adjust: impl FnOnce(&mut floodgate::server::Sett
                 admitted_after_spent.push((window, into));
             }
             let cost = 500 + (i * 7919) % 7501;
-            let charge = request("ai", vec![costing(&tenant, cost), costing(&total, cost)]);
+            let charge = request(BUDGETS, vec![costing(&tenant, cost), costing(&total, cost)]);
             should_rate_limit(&mut client, charge).await;
             let entry = windows.entry(window).or_default();
             entry.0 += cost;
@@ -763,7 +805,7 @@ async fn two_phase_budget_holds(adjust: impl FnOnce(&mut floodgate::server::Sett
             "window {window}: {admitted} tokens admitted"
         );
     }
-    let peek = should_rate_limit(&mut client, request("ai", vec![costing(&total, 0)])).await;
+    let peek = should_rate_limit(&mut client, request(BUDGETS, vec![costing(&total, 0)])).await;
     let left = peek.statuses[0].limit_remaining;
     assert_eq!(
         u64::from(TOTAL_BUDGET) - u64::from(left),

@@ -1,0 +1,461 @@
+//! Envoy Gateway's rate-limit rules as it really sends them (issue 48): each case is the
+//! `RateLimitConfig` Envoy Gateway's own translator test expects
+//! (`internal/xds/translator/testdata/out/ratelimit-config/<case>.yaml` in envoyproxy/gateway,
+//! at the commit cited per case), served by the test ADS server, and the ShouldRateLimit
+//! descriptors its route actions produce for a request (`<case>.routes.yaml` beside it). Each
+//! runs on memory, Redis and a 3-master Cluster.
+//!
+//! Shapes, by release: every release through v1.9.3 (the latest, October 2026; v1.9.2 before
+//! it) nests a rule under its route, `<route> -> rule-<i>-match-<j>`, in a domain named after
+//! the listener; a `shared` rule lives in a domain named after its policy, under the key
+//! `<ns>/<policy>/rule/<i>`. The main branch after v1.9 puts that policy-rule level between
+//! route and rule for unshared rules too (PR #9466). The expected files are test data, read
+//! as facts; the YAML below keeps only the fields that are set.
+
+use crate::common;
+use crate::xds::{
+    AdsServer, RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, TYPE_URL, start_floodgate,
+    xds_settings,
+};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{TestServer, descriptor, redis_options, request, should_rate_limit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::Any;
+use floodgate::backend::BackendSettings;
+use prost::Message;
+use serde::Deserialize;
+use std::time::Duration;
+
+/// A descriptor a request produces: its domain and entries.
+type Sent = (&'static str, &'static [(&'static str, &'static str)]);
+
+/// What a case's requests must get.
+enum Expect {
+    /// The rule matched: its limit per unit (the `current_limit` of the answer).
+    Limit(Sent, u32, i32),
+    /// No rule matches: no `current_limit`, and OK.
+    Unmatched(Sent),
+    /// The first `n` calls are admitted and the next one denied.
+    Admits(Sent, u32),
+    /// Every call is admitted (a shadow rule), whatever its status says.
+    AlwaysAdmitted(Sent, u32),
+}
+
+/// One testdata case.
+struct Case {
+    /// `<case>.yaml`, its commit, and the shape.
+    source: &'static str,
+    /// The expected resources, YAML documents in Envoy Gateway's field names.
+    config: &'static str,
+    expect: &'static [Expect],
+}
+
+/// Envoy's `RateLimitUnit` numbers.
+const SECOND: i32 = 1;
+const HOUR: i32 = 3;
+const MONTH: i32 = 5;
+const YEAR: i32 = 6;
+
+const CASES: &[Case] = &[
+    Case {
+        source: "distinct-match.yaml @ 8e8b1048 (routes @ 23cea5a6): releases through v1.9.3",
+        config: "
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: rule-0-match-0
+        rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[
+            // `x-user-id: alice` (request_headers): one bucket per value.
+            Expect::Limit(
+                (
+                    "first-listener",
+                    &[("first-route", "first-route"), ("rule-0-match-0", "alice")],
+                ),
+                5,
+                SECOND,
+            ),
+            // Without the header Envoy drops the descriptor; the route's entry alone does
+            // not match a rule two levels deep.
+            Expect::Unmatched(("first-listener", &[("first-route", "first-route")])),
+        ],
+    },
+    Case {
+        source: "distinct-match.yaml @ 0e47507f: main after v1.9 (the policy-rule level)",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: test-namespace/test-policy-1/rule/0
+        value: test-namespace/test-policy-1/rule/0
+        descriptors:
+          - key: rule-0-match-0
+            rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[Expect::Limit(
+            (
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    (
+                        "test-namespace/test-policy-1/rule/0",
+                        "test-namespace/test-policy-1/rule/0",
+                    ),
+                    ("rule-0-match-0", "bob"),
+                ],
+            ),
+            5,
+            SECOND,
+        )],
+    },
+    Case {
+        source: "shared-and-unshared.yaml @ 55170fc5: a shared rule in its policy's domain, \
+                 an unshared one per route in the listener's",
+        config: "
+name: default/policy-for-route
+domain: default/policy-for-route
+descriptors:
+  - key: default/policy-for-route/rule/0
+    value: default/policy-for-route/rule/0
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 3, unit: HOUR}
+---
+name: envoy-gateway/gateway-1/http
+domain: envoy-gateway/gateway-1/http
+descriptors:
+  - key: httproute/default/httproute-1/rule/0/match/0/gateway_envoyproxy_io
+    value: httproute/default/httproute-1/rule/0/match/0/gateway_envoyproxy_io
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 3, unit: HOUR}
+  - key: httproute/default/httproute-2/rule/0/match/0/gateway_envoyproxy_io
+    value: httproute/default/httproute-2/rule/0/match/0/gateway_envoyproxy_io
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 3, unit: HOUR}
+",
+        expect: &[
+            // `x-user-id: one` on either route: one shared budget of 3 (the descriptor
+            // names the rule, not the route).
+            Expect::Admits(
+                (
+                    "default/policy-for-route",
+                    &[
+                        (
+                            "default/policy-for-route/rule/0",
+                            "default/policy-for-route/rule/0",
+                        ),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                3,
+            ),
+            // `x-user-id: two`: each route its own 3.
+            Expect::Admits(
+                (
+                    "envoy-gateway/gateway-1/http",
+                    &[
+                        (
+                            "httproute/default/httproute-1/rule/0/match/0/gateway_envoyproxy_io",
+                            "httproute/default/httproute-1/rule/0/match/0/gateway_envoyproxy_io",
+                        ),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                3,
+            ),
+            Expect::Admits(
+                (
+                    "envoy-gateway/gateway-1/http",
+                    &[
+                        (
+                            "httproute/default/httproute-2/rule/0/match/0/gateway_envoyproxy_io",
+                            "httproute/default/httproute-2/rule/0/match/0/gateway_envoyproxy_io",
+                        ),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                3,
+            ),
+        ],
+    },
+    Case {
+        source: "global-shared-distinct-match (routes @ 8453c4c5): a shared rule with a \
+                 distinct header",
+        config: "
+name: test-namespace/test-policy-1
+domain: test-namespace/test-policy-1
+descriptors:
+  - key: test-namespace/test-policy-1/rule/0
+    value: test-namespace/test-policy-1/rule/0
+    descriptors:
+      - key: rule-0-match-0
+        rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[Expect::Limit(
+            (
+                "test-namespace/test-policy-1",
+                &[
+                    (
+                        "test-namespace/test-policy-1/rule/0",
+                        "test-namespace/test-policy-1/rule/0",
+                    ),
+                    ("rule-0-match-0", "carol"),
+                ],
+            ),
+            5,
+            SECOND,
+        )],
+    },
+    Case {
+        source: "month-year-rule.yaml @ 51b0d443 (routes @ 289852c4): MONTH and YEAR units",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 5, unit: MONTH}
+  - key: second-route
+    value: second-route
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 1, unit: YEAR}
+",
+        expect: &[
+            Expect::Limit(
+                (
+                    "first-listener",
+                    &[
+                        ("first-route", "first-route"),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                5,
+                MONTH,
+            ),
+            Expect::Admits(
+                (
+                    "first-listener",
+                    &[
+                        ("second-route", "second-route"),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                1,
+            ),
+        ],
+    },
+    Case {
+        source: "global-shadow-mode.yaml @ 40b4b045 (routes @ 727a0abb): shadow_mode on every \
+                 node of the rule's chain",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        shadow_mode: true
+        descriptors:
+          - key: rule-0-match-1
+            value: rule-0-match-1
+            shadow_mode: true
+            descriptors:
+              - key: rule-0-match-2
+                value: rule-0-match-2
+                shadow_mode: true
+                descriptors:
+                  - key: masked_remote_address
+                    value: 0.0.0.0/0
+                    shadow_mode: true
+                    rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[Expect::AlwaysAdmitted(
+            (
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    ("rule-0-match-0", "rule-0-match-0"),
+                    ("rule-0-match-1", "rule-0-match-1"),
+                    ("rule-0-match-2", "rule-0-match-2"),
+                    ("masked_remote_address", "0.0.0.0/0"),
+                ],
+            ),
+            12,
+        )],
+    },
+];
+
+/// A unit's name in Envoy Gateway's files, as Envoy's number.
+fn unit(name: &str) -> i32 {
+    match name {
+        "SECOND" => SECOND,
+        "MINUTE" => 2,
+        "HOUR" => HOUR,
+        "DAY" => 4,
+        "MONTH" => MONTH,
+        "YEAR" => YEAR,
+        "WEEK" => 7,
+        other => panic!("unit {other}"),
+    }
+}
+
+fn node(yaml: &serde_yaml::Value) -> RateLimitDescriptor {
+    let text = |key: &str| yaml[key].as_str().unwrap_or_default().to_owned();
+    let flag = |key: &str| yaml[key].as_bool().unwrap_or(false);
+    let rate_limit = yaml["rate_limit"].as_mapping().map(|_| {
+        let policy = &yaml["rate_limit"];
+        RateLimitPolicy {
+            unit: policy["unit"].as_str().map_or(0, unit),
+            requests_per_unit: policy["requests_per_unit"].as_u64().unwrap_or(0) as u32,
+            unlimited: policy["unlimited"].as_bool().unwrap_or(false),
+            name: policy["name"].as_str().unwrap_or_default().to_owned(),
+        }
+    });
+    RateLimitDescriptor {
+        key: text("key"),
+        value: text("value"),
+        rate_limit,
+        descriptors: yaml["descriptors"]
+            .as_sequence()
+            .map(|children| children.iter().map(node).collect())
+            .unwrap_or_default(),
+        shadow_mode: flag("shadow_mode"),
+        detailed_metric: flag("detailed_metric"),
+        quota_mode: flag("quota_mode"),
+    }
+}
+
+/// The resources of a case's YAML documents, each named after its `name` (or domain).
+fn resources(config: &str) -> Vec<Any> {
+    serde_yaml::Deserializer::from_str(config)
+        .map(|document| {
+            let yaml = serde_yaml::Value::deserialize(document).expect("a YAML document");
+            let domain = yaml["domain"].as_str().expect("domain").to_owned();
+            let resource = RateLimitConfig {
+                name: yaml["name"].as_str().unwrap_or(&domain).to_owned(),
+                domain,
+                descriptors: yaml["descriptors"]
+                    .as_sequence()
+                    .map(|nodes| nodes.iter().map(node).collect())
+                    .unwrap_or_default(),
+            };
+            Any {
+                type_url: TYPE_URL.into(),
+                value: resource.encode_to_vec(),
+            }
+        })
+        .collect()
+}
+
+/// Runs every case against floodgate on `backend` (memory when `None`).
+async fn every_case_answers(backend: impl Fn() -> Option<BackendSettings>) {
+    common::away_from_an_hour_boundary().await;
+    for case in CASES {
+        let ads = AdsServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(("v1".into(), resources(case.config))),
+        )
+        .await;
+        let addr = ads.addr;
+        let backend = backend();
+        let server = start_floodgate(|settings| {
+            settings.xds = Some(xds_settings(addr));
+            if let Some(backend) = backend {
+                settings.backend = backend;
+                settings.limiter.backend_timeout = Duration::from_secs(2);
+            }
+        })
+        .await;
+        for expect in case.expect {
+            check(&server, expect, case.source).await;
+        }
+        server.stop().await;
+    }
+}
+
+async fn check(server: &TestServer, expect: &Expect, source: &str) {
+    let mut client = server.client().await;
+    let call = |(domain, entries): Sent| request(domain, vec![descriptor(entries)]);
+    match *expect {
+        Expect::Limit(sent, limit, unit) => {
+            let answer = should_rate_limit(&mut client, call(sent)).await;
+            let current = answer.statuses[0].current_limit.as_ref();
+            let got = current.map(|c| (c.requests_per_unit, c.unit));
+            assert_eq!(got, Some((limit, unit)), "{source}: {sent:?}");
+        }
+        Expect::Unmatched(sent) => {
+            let answer = should_rate_limit(&mut client, call(sent)).await;
+            assert!(
+                answer.statuses[0].current_limit.is_none(),
+                "{source}: {sent:?}"
+            );
+            assert_eq!(answer.overall_code, Code::Ok as i32, "{source}");
+        }
+        Expect::Admits(sent, admitted) => {
+            for i in 0..=admitted {
+                let answer = should_rate_limit(&mut client, call(sent)).await;
+                let wanted = if i < admitted {
+                    Code::Ok
+                } else {
+                    Code::OverLimit
+                };
+                assert_eq!(answer.overall_code, wanted as i32, "{source}: call {i}");
+            }
+        }
+        Expect::AlwaysAdmitted(sent, calls) => {
+            for i in 0..calls {
+                let answer = should_rate_limit(&mut client, call(sent)).await;
+                assert_eq!(answer.overall_code, Code::Ok as i32, "{source}: call {i}");
+                assert!(answer.statuses[0].current_limit.is_some(), "{source}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn envoy_gateways_rule_shapes_answer_on_memory() {
+    every_case_answers(|| None).await;
+}
+
+#[tokio::test]
+async fn envoy_gateways_rule_shapes_answer_on_redis() {
+    let redis = RedisServer::start();
+    every_case_answers(|| {
+        Some(BackendSettings::Redis {
+            url: redis.url(),
+            options: redis_options(Duration::from_secs(2)),
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateways_rule_shapes_answer_on_a_cluster() {
+    let cluster = RedisCluster::start_async().await;
+    every_case_answers(|| {
+        Some(BackendSettings::Cluster {
+            urls: cluster.urls(),
+            options: redis_options(Duration::from_secs(2)),
+        })
+    })
+    .await;
+}

@@ -23,6 +23,7 @@ use common::{TestServer, descriptor, redis_options, request, should_rate_limit};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::Any;
 use floodgate::backend::BackendSettings;
+use floodgate::clock::Clock;
 use prost::Message;
 use serde::Deserialize;
 use std::time::Duration;
@@ -458,4 +459,103 @@ async fn envoy_gateways_rule_shapes_answer_on_a_cluster() {
         })
     })
     .await;
+}
+
+/// Envoy AI Gateway's `QuotaPolicy` as its translator renders it
+/// (`internal/ratelimit/translator/translator.go` in envoyproxy/ai-gateway @ 31d1f94a): one
+/// domain, `ai-gateway-quota`, a backend, a model, a bucket rule on header `x-tenant`
+/// exact `a` (100 a minute) and the default bucket (10 a minute), every leaf `quota_mode`.
+const QUOTA_POLICY: &str = "
+name: ai-gateway-quota
+domain: ai-gateway-quota
+descriptors:
+  - key: backend_name
+    value: default/openai
+    descriptors:
+      - key: model_name_override
+        value: gpt-4
+        descriptors:
+          - key: rule-0-x-tenant|a-match-0
+            value: rule-0-x-tenant|a-match-0
+            quota_mode: true
+            rate_limit: {requests_per_unit: 100, unit: MINUTE}
+          - key: rule-1-match--1
+            value: rule-1-match--1
+            quota_mode: true
+            rate_limit: {requests_per_unit: 10, unit: MINUTE}
+";
+
+/// What AI Gateway's filter (`internal/extensionserver/quota_ratelimit.go` @ 31d1f94a)
+/// sends for a request of tenant `tenant` (`Some("a")` matches the bucket rule): one
+/// descriptor per rule that applies, each `(backend_name, model_name_override, rule)`, with
+/// `hits_addend` `cost` (1 at request time; the response's `quota_cost` at stream end).
+fn quota_request(
+    tenant_a: bool,
+    cost: u64,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    let mut descriptors = Vec::new();
+    let rules: &[&str] = if tenant_a {
+        &["rule-0-x-tenant|a-match-0", "rule-1-match--1"]
+    } else {
+        &["rule-1-match--1"]
+    };
+    for rule in rules {
+        let mut entry = descriptor(&[
+            ("backend_name", "default/openai"),
+            ("model_name_override", "gpt-4"),
+            (rule, rule),
+        ]);
+        entry.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: cost });
+        descriptors.push(entry);
+    }
+    request("ai-gateway-quota", descriptors)
+}
+
+/// floodgate as `envoy-ai-gateway-ratelimit` (node id and rules over xDS as AI Gateway's
+/// runner serves them): a request is checked at 1, its response's tokens are charged at
+/// stream end (xDS rules `consume`), and it is refused only once every quota bucket it
+/// names is spent, as `quota_mode` says.
+#[tokio::test]
+async fn ai_gateways_quota_policy_spends_and_refuses_as_its_filter_expects() {
+    // A minute's window: keep the few calls below inside one.
+    let into_minute = floodgate::clock::SystemClock.now_ms().rem_euclid(60_000);
+    if into_minute > 55_000 {
+        tokio::time::sleep(Duration::from_millis((60_500 - into_minute) as u64)).await;
+    }
+    let ads = AdsServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(("v1".into(), resources(QUOTA_POLICY))),
+    )
+    .await;
+    let addr = ads.addr;
+    let server = start_floodgate(|settings| {
+        let mut xds = xds_settings(addr);
+        xds.node_id = "envoy-ai-gateway-ratelimit".into();
+        settings.xds = Some(xds);
+    })
+    .await;
+    let mut client = server.client().await;
+    let code = |answer: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        answer.overall_code
+    };
+    // Tenant a asks, and its response costs 12 tokens: the default bucket (10) is spent,
+    // the tenant's (100) is not, so its next request passes.
+    let asked = should_rate_limit(&mut client, quota_request(true, 1)).await;
+    assert_eq!(code(&asked), Code::Ok as i32);
+    should_rate_limit(&mut client, quota_request(true, 12)).await;
+    let again = should_rate_limit(&mut client, quota_request(true, 1)).await;
+    assert_eq!(
+        code(&again),
+        Code::Ok as i32,
+        "one quota bucket still has room"
+    );
+    assert_eq!(again.statuses[1].code, Code::OverLimit as i32);
+    // Another tenant names only the default bucket: refused.
+    let other = should_rate_limit(&mut client, quota_request(false, 1)).await;
+    assert_eq!(code(&other), Code::OverLimit as i32);
+    // A response of 200 tokens spends tenant a's too: now refused.
+    should_rate_limit(&mut client, quota_request(true, 200)).await;
+    let spent = should_rate_limit(&mut client, quota_request(true, 1)).await;
+    assert_eq!(code(&spent), Code::OverLimit as i32);
+    server.stop().await;
 }

@@ -20,6 +20,10 @@ WORKDIR/rules.txt (those directories and where their files come from), and check
   request cost of 0 (a peek) first and is `shared` (one budget across the route's rules),
   and each per-tenant (Distinct) rule has a shared rule that budgets the requests without
   its header;
+- AI Gateway's QuotaPolicy service (deploy/ai-gateway-quota): the Service
+  envoy-ai-gateway-ratelimit in envoy-gateway-system serves gRPC on 8081 from floodgate's pods,
+  and floodgate takes its rules over xDS (no TLS) from AI Gateway's controller on 18002 with
+  node id envoy-ai-gateway-ratelimit, starts without them, and keeps `consume`;
 - the Dockerfile has its stages, builds with --locked and runs as non-root;
 - the Grafana dashboards parse, and every panel queries Prometheus through the dashboard's
   data source variable; the Prometheus rule files parse and every alert has an expression,
@@ -294,6 +298,49 @@ def port_number(container, port):
     return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
 
 
+# A floodgate setting as the container gives it: the flag (`--flag value` or `--flag=value`),
+# else floodgate's variable, else the reference's variable that stands in for it, in the
+# precedence docs/migration.md gives. (flag, FLOODGATE_* variable, reference variable or None)
+SETTINGS = {
+    "config_source": ("--config-source", "FLOODGATE_CONFIG_SOURCE", "CONFIG_TYPE"),
+    "xds_server": ("--xds-server", "FLOODGATE_XDS_SERVER", "CONFIG_GRPC_XDS_SERVER_URL"),
+    "xds_node_id": ("--xds-node-id", "FLOODGATE_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_ID"),
+    "xds_tls": ("--xds-tls", "FLOODGATE_XDS_TLS", "CONFIG_GRPC_XDS_SERVER_USE_TLS"),
+    "force_start": ("--force-start-without-initial-config", "FLOODGATE_FORCE_START_WITHOUT_INITIAL_CONFIG",
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG"),
+    "on_over_limit": ("--on-over-limit", "FLOODGATE_ON_OVER_LIMIT", None),
+}
+BOOL_FLAGS = {"--xds-tls", "--force-start-without-initial-config"}
+# clap's BoolishValueParser, which floodgate's boolean flags and variables use.
+TRUTHY = {"y", "yes", "t", "true", "on", "1"}
+
+
+def container_setting(container, name):
+    """(value, where it came from) of a floodgate setting in a container, or (None, None).
+    Empty values count as unset, as floodgate treats them."""
+    flag, own, reference = SETTINGS[name]
+    args = [str(a) for a in (container.get("command") or [])[1:] + (container.get("args") or [])]
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1], flag
+        if arg == flag:
+            if flag in BOOL_FLAGS:
+                return "true", flag
+            if i + 1 < len(args):
+                return args[i + 1], flag
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    for variable in (own, reference):
+        if variable and env.get(variable):
+            return str(env[variable]), variable
+    return None, None
+
+
+def config_source(container):
+    """`file` or `xds`: where the container's floodgate takes its rules from."""
+    value, _ = container_setting(container, "config_source")
+    return "xds" if (value or "").lower() in ("xds", "grpc_xds_sotw") else "file"
+
+
 def check_floodgate(render, objects):
     where = f"{render}: Deployment floodgate"
     deployment = find(objects, "Deployment", "floodgate")
@@ -334,6 +381,11 @@ def check_floodgate(render, objects):
     annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
     if annotations.get("prometheus.io/port") != str(http_port) or annotations.get("prometheus.io/path") != "/metrics":
         fail(where, f"Prometheus annotations must point at {http_port}/metrics")
+    if config_source(container) == "xds":
+        # Rules over xDS: the config directory is neither read nor watched
+        # (docs/config.md#rules-over-xds), so there is no rules mount to check.
+        ok(f"{where}: probes, drain ({grace}s > {sleep_s}s + {drain_s:g}s), security, rules over xDS")
+        return None
     # The rules: a ConfigMap mounted as the config directory, never through subPath.
     mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == env.get("FLOODGATE_CONFIG")]
     if len(mounts) != 1 or "subPath" in mounts[0]:
@@ -890,6 +942,114 @@ def check_ai_gateway(renders):
            f"costs read from {AI_GATEWAY_METADATA} keys {sorted(written)}")
 
 
+# ---------------------------------------------------------------- AI Gateway's QuotaPolicy
+
+# Where AI Gateway's Envoy calls its quota rate-limit service, and where that service takes its
+# rules from (envoyproxy/ai-gateway):
+# - manifests/charts/ai-gateway-helm/values.yaml (commit 039ba6bc):
+#   controller.quotaRateLimitServiceHost "envoy-ai-gateway-ratelimit.envoy-gateway-system";
+#   the controller Service, fullnameOverride ai-gateway-controller, port ratelimit-xds 18002;
+# - internal/extensionserver/quota_ratelimit.go (commit 31d1f94a):
+#   defaultQuotaRateLimitServicePort 8081;
+# - internal/ratelimit/runner/runner.go (commit 7b0c8f06): NodeID "envoy-ai-gateway-ratelimit",
+#   DefaultPort 18002, an ADS server with no TLS (grpc.NewServer());
+# - tests/e2e/testdata/backend_quota_ratelimit.yaml (commit 2e78aec0): the reference service's
+#   CONFIG_GRPC_XDS_SERVER_URL ai-gateway-controller.envoy-ai-gateway-system.svc.cluster.local:18002.
+QUOTA_SERVICE = ("envoy-ai-gateway-ratelimit", "envoy-gateway-system", 8081)
+QUOTA_XDS_HOST = "ai-gateway-controller.envoy-ai-gateway-system"
+QUOTA_XDS_PORT = 18002
+QUOTA_NODE_ID = "envoy-ai-gateway-ratelimit"
+
+
+def xds_host_port(server):
+    """(host, port, tls) of an --xds-server value: `host:port` or an `http(s)://` URL."""
+    found = re.fullmatch(r"(?:(https?)://)?(?:[^@/]*@)?([^:/]+):(\d+)/?", server or "")
+    if not found:
+        return None, None, False
+    return found.group(2), int(found.group(3)), found.group(1) == "https"
+
+
+def check_ai_gateway_quota(renders):
+    """deploy/ai-gateway-quota: floodgate as AI Gateway's envoy-ai-gateway-ratelimit, taking
+    the QuotaPolicy rules over xDS from AI Gateway's controller."""
+    where = "deploy/ai-gateway-quota"
+    objects = renders.get("ai-gateway-quota")
+    if objects is None:
+        fail(where, "not rendered (no kustomization.yaml?)")
+        return
+    before = len(failures)
+    name, namespace, port = QUOTA_SERVICE
+    deployment = find(objects, "Deployment", "floodgate")
+    service = find(objects, "Service", name)
+    if deployment is None or service is None:
+        fail(where, f"needs the Deployment floodgate and the Service {name}")
+        return
+    pod = deployment["spec"]["template"]
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "floodgate"]
+    # The Service: the name, namespace and port AI Gateway's Envoy dials, onto floodgate's pods.
+    if service["metadata"].get("namespace") != namespace:
+        fail(f"{where}: Service {name}", f"must be in namespace {namespace}, not {service['metadata'].get('namespace')}")
+    if deployment["metadata"].get("namespace") != service["metadata"].get("namespace"):
+        fail(f"{where}: Service {name}", "must be in the Deployment's namespace (a selector does not cross namespaces)")
+    ports = [p for p in service["spec"].get("ports", []) if p.get("port") == port]
+    if len(ports) != 1 or ports[0].get("appProtocol") != "grpc" or ports[0].get("protocol", "TCP") != "TCP":
+        fail(f"{where}: Service {name}", f"needs port {port}, TCP, appProtocol grpc")
+    else:
+        grpc_addr = next((e.get("value") for e in container.get("env", []) if e["name"] == "FLOODGATE_GRPC_ADDR"), ":8081")
+        target = ports[0].get("targetPort", port)
+        if port_number(container, target) != int(str(grpc_addr).rsplit(":", 1)[1]):
+            fail(f"{where}: Service {name}", f"targetPort {target} is not floodgate's gRPC port ({grpc_addr})")
+    selector = service["spec"].get("selector") or {}
+    labels = pod["metadata"].get("labels", {})
+    if not selector or any(labels.get(k) != v for k, v in selector.items()):
+        fail(f"{where}: Service {name}", f"selector {selector} does not select floodgate's pods {labels}")
+    # Rules over xDS from AI Gateway's controller: source, server, node id, plaintext.
+    source, source_from = container_setting(container, "config_source")
+    if config_source(container) != "xds":
+        fail(f"{where}: Deployment floodgate", f"config source is {source or 'file (default)'}: the rules "
+             "come from AI Gateway over xDS (FLOODGATE_CONFIG_SOURCE=xds or CONFIG_TYPE=GRPC_XDS_SOTW)")
+    server, server_from = container_setting(container, "xds_server")
+    host, server_port, https = xds_host_port(server)
+    if host is None or not (host == QUOTA_XDS_HOST or host.startswith(QUOTA_XDS_HOST + ".")) \
+            or server_port != QUOTA_XDS_PORT:
+        fail(f"{where}: Deployment floodgate", f"xDS server {server!r} must be {QUOTA_XDS_HOST}[.svc...]:"
+             f"{QUOTA_XDS_PORT}, AI Gateway's controller")
+    node_id, node_from = container_setting(container, "xds_node_id")
+    if node_id != QUOTA_NODE_ID:
+        fail(f"{where}: Deployment floodgate", f"xDS node id {node_id!r} (default `default`) must be "
+             f"{QUOTA_NODE_ID}: AI Gateway's controller keeps its snapshot under that id only")
+    tls, _ = container_setting(container, "xds_tls")
+    if https or (tls or "").lower() in TRUTHY:
+        fail(f"{where}: Deployment floodgate", "AI Gateway's rate-limit xDS server has no TLS: leave --xds-tls off")
+    # No QuotaPolicy, no snapshot: without force start the ports stay closed and the liveness
+    # probe restarts the pods.
+    force, _ = container_setting(container, "force_start")
+    if (force or "").lower() not in TRUTHY:
+        fail(f"{where}: Deployment floodgate", "needs --force-start-without-initial-config: AI Gateway sends "
+             "nothing until a QuotaPolicy exists, and the closed ports would fail the liveness probe")
+    # The end-of-stream charge is booked only under consume (docs/cost-budgets.md).
+    accounting, _ = container_setting(container, "on_over_limit")
+    if accounting not in (None, "consume"):
+        fail(f"{where}: Deployment floodgate", f"--on-over-limit {accounting}: AI Gateway's end-of-stream "
+             "costs need `consume`, the default for rules over xDS")
+    # The Envoy proxies (envoy-gateway-system by default) may reach the gRPC port.
+    policy = find(objects, "NetworkPolicy", "floodgate")
+    grpc_sources = [s for rule in (policy or {}).get("spec", {}).get("ingress", [])
+                    if any(p.get("port") in ("grpc", port) for p in rule.get("ports", []))
+                    for s in rule.get("from", [])]
+    if not any(s.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": namespace}
+               and "podSelector" not in s for s in grpc_sources):
+        fail(f"{where}: NetworkPolicy floodgate", f"gRPC must be open to namespace {namespace}, where Envoy "
+             "Gateway runs AI Gateway's Envoy proxies")
+    # envoy-gateway-system is Envoy Gateway's: this kustomization must not own it.
+    for obj in objects:
+        if obj.get("kind") == "Namespace":
+            fail(where, f"renders Namespace {obj['metadata']['name']}: {namespace} belongs to Envoy Gateway's install")
+    if len(failures) == before:
+        ok(f"{where}: Service {name}.{namespace}:{port} (gRPC) -> floodgate; rules over xDS ({source_from}) "
+           f"from {server} ({server_from}), node id {node_id} ({node_from}), no TLS")
+
+
 def check_observability():
     for path in sorted((DEPLOY / "grafana").glob("*.json")):
         where = path.relative_to(REPO)
@@ -945,6 +1105,7 @@ def main():
     check_observability()
     check_envoy_gateway(work)
     check_ai_gateway(renders)
+    check_ai_gateway_quota(renders)
     (work / "rules.txt").write_text("".join(line + "\n" for line in listing))
     for line in failures:
         print(f"FAIL {line}")

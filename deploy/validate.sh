@@ -12,7 +12,9 @@
 #    promtool is installed), the Envoy Gateway patch applied (`kubectl patch --local`)
 #    to the Deployment Envoy Gateway generates, and the AI Gateway token budgets (the
 #    BackendTrafficPolicy's fields as Envoy Gateway declares them, its costs against the
-#    AIGatewayRoute's llmRequestCosts);
+#    AIGatewayRoute's llmRequestCosts), and floodgate as AI Gateway's QuotaPolicy service
+#    (deploy/ai-gateway-quota: the Service envoy-ai-gateway-ratelimit.envoy-gateway-system:8081,
+#    rules over xDS from AI Gateway's controller on 18002, node id envoy-ai-gateway-ratelimit);
 # 4. validates every rendered Kubernetes object against the API schemas, strictly (unknown
 #    fields fail), for the newest Kubernetes and for the oldest one the manifests support;
 # 5. `sh -n` over the shell scripts;

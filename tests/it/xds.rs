@@ -897,3 +897,42 @@ async fn the_spent_budget_denies_and_the_accounting_decides_what_the_other_books
         server.stop().await;
     }
 }
+
+/// Issue 48: the overshoot of the two-phase flow with requests in flight at once. 64 callers
+/// ask (`hits_addend` 0) and, once admitted, pay 500 tokens, in a loop, against 20,000 an
+/// hour: a check is admitted while anything is left, so every caller whose check passed
+/// before the budget was spent pays on top. The admitted cost ends within the budget plus
+/// one response per caller in flight (64 x 500), and past the budget by at most that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_two_phase_requests_overrun_by_at_most_one_response_each() {
+    const CALLERS: u64 = 64;
+    const COST: u64 = 500;
+    const BUDGET: u64 = 20_000;
+    common::away_from_an_hour_boundary().await;
+    let rules = format!(
+        "domain: ai\ndescriptors:\n  - key: tenant\n    rate_limit: {{unit: hour, requests_per_unit: {BUDGET}, on_over_limit: consume}}\n"
+    );
+    let server = TestServer::start(&[("ai.yaml", &rules)]).await;
+    let tenant = [("tenant", "t1")];
+    let callers = (0..CALLERS).map(|_| {
+        let channel = server.channel();
+        async move {
+            let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel.await);
+            let mut paid = 0;
+            loop {
+                let check = should_rate_limit(&mut client, request("ai", vec![costing(&tenant, 0)])).await;
+                if check.overall_code != 1 {
+                    return paid;
+                }
+                should_rate_limit(&mut client, request("ai", vec![costing(&tenant, COST)])).await;
+                paid += COST;
+            }
+        }
+    });
+    let admitted: u64 = futures::future::join_all(callers).await.into_iter().sum();
+    let overrun = admitted.saturating_sub(BUDGET);
+    eprintln!("{CALLERS} callers in flight admitted {admitted} tokens of {BUDGET}: {overrun} over");
+    assert!(admitted >= BUDGET, "{admitted}");
+    assert!(overrun <= CALLERS * COST, "{overrun} over the budget");
+    server.stop().await;
+}

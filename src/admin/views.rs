@@ -71,8 +71,7 @@ pub fn top(state: &AdminState, query: &TopQuery) -> Value {
         .limit
         .unwrap_or(DEFAULT_TOP_LIMIT)
         .clamp(1, top.capacity().min(MAX_TOP_LIMIT));
-    let mut readings = top.read(limit);
-    let truncated = spend_key_budget(&mut readings, MAX_TOP_KEYS);
+    let (readings, truncated) = top.read_within(limit, MAX_TOP_KEYS);
     let (candidates, live): (Vec<&RuleReading>, Vec<&RuleReading>) =
         readings.iter().partition(|reading| reading.rule.candidate);
     let mut overall: Vec<(&RuleReading, &Ranked)> = live
@@ -102,20 +101,6 @@ pub fn top(state: &AdminState, query: &TopQuery) -> Value {
         "rules": live.iter().map(|reading| reading_json(reading)).collect::<Vec<_>>(),
         "candidates": candidates.iter().map(|reading| reading_json(reading)).collect::<Vec<_>>(),
     })
-}
-
-/// Keeps at most `budget` keys over `readings`, in their order (heaviest rules first); says
-/// whether any were left out.
-fn spend_key_budget(readings: &mut [RuleReading], mut budget: usize) -> bool {
-    let mut truncated = false;
-    for reading in readings {
-        for keys in [&mut reading.denied, &mut reading.near_limit] {
-            truncated |= keys.len() > budget;
-            keys.truncate(budget);
-            budget -= keys.len();
-        }
-    }
-    truncated
 }
 
 fn reading_json(reading: &RuleReading) -> Value {

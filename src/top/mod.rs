@@ -155,6 +155,12 @@ pub struct RuleReading {
     pub near_limit: Vec<Ranked>,
 }
 
+impl RuleReading {
+    fn totals(&self) -> (u64, u64) {
+        (self.denied_total, self.near_limit_total)
+    }
+}
+
 /// The two halves of one kind.
 struct Halves {
     current: SpaceSaving<BucketKey, Label>,
@@ -200,6 +206,13 @@ impl Halves {
 
     fn total(&self) -> u64 {
         self.current.total() + self.previous.total()
+    }
+
+    /// How many keys the two halves hold together.
+    fn len(&self) -> usize {
+        let only_previous = self.previous.held();
+        let only_previous = only_previous.filter(|held| self.current.get(&held.key).is_none());
+        self.current.len() + only_previous.count()
     }
 }
 
@@ -279,6 +292,30 @@ impl RuleTop {
 
     /// The rule's heaviest keys of each kind, at most `limit` each.
     pub fn read(&self, limit: usize) -> RuleReading {
+        self.read_within(limit, [limit, limit])
+    }
+
+    /// How many keys of each kind a reading of `limit` would list.
+    fn listed(&self, limit: usize) -> (usize, usize) {
+        let now = Instant::now();
+        let (mut denied, mut near) = (0, 0);
+        for stripe in &self.stripes {
+            let mut state = stripe.lock();
+            state.roll(now);
+            denied += state.denied.len();
+            near += state.near_limit.len();
+        }
+        (denied.min(limit), near.min(limit))
+    }
+
+    /// The rule's totals, without its keys.
+    fn totals(&self) -> (u64, u64) {
+        self.read_within(0, [0, 0]).totals()
+    }
+
+    /// The rule's heaviest keys, at most `limit` of each kind and `most[0]` denied and
+    /// `most[1]` near-limit ones: a reading copies no more keys than its answer lists.
+    fn read_within(&self, limit: usize, most: [usize; 2]) -> RuleReading {
         let mut reading = RuleReading {
             rule: self.name.clone(),
             denied_total: 0,
@@ -286,18 +323,28 @@ impl RuleTop {
             denied: Vec::new(),
             near_limit: Vec::new(),
         };
+        let [denied_most, near_most] = most.map(|most| most.min(limit));
         let now = Instant::now();
         for stripe in &self.stripes {
             let mut state = stripe.lock();
             state.roll(now);
             reading.denied_total += state.denied.total();
             reading.near_limit_total += state.near_limit.total();
-            reading.denied.extend(state.denied.ranked(limit));
-            reading.near_limit.extend(state.near_limit.ranked(limit));
+            if denied_most > 0 {
+                reading.denied.extend(state.denied.ranked(denied_most));
+            }
+            if near_most > 0 {
+                reading
+                    .near_limit
+                    .extend(state.near_limit.ranked(near_most));
+            }
         }
-        for keys in [&mut reading.denied, &mut reading.near_limit] {
+        for (keys, most) in [
+            (&mut reading.denied, denied_most),
+            (&mut reading.near_limit, near_most),
+        ] {
             keys.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
-            keys.truncate(limit);
+            keys.truncate(most);
         }
         reading
     }
@@ -352,19 +399,40 @@ impl TopKeys {
     /// Every ranked rule's reading, at most `limit` keys of each kind per rule; rules with
     /// nothing in the span are left out.
     pub fn read(&self, limit: usize) -> Vec<RuleReading> {
+        self.read_within(limit, usize::MAX).0
+    }
+
+    /// As [`TopKeys::read`], listing at most `budget` keys in all, spent on the rules in
+    /// their order (most denied first): rules past it keep their totals and list no keys.
+    /// Says whether any key was left out. Only the keys listed are copied.
+    pub fn read_within(&self, limit: usize, mut budget: usize) -> (Vec<RuleReading>, bool) {
         let tops: Vec<Arc<RuleTop>> = self.rules.read().values().cloned().collect();
-        let mut readings: Vec<RuleReading> = tops
-            .iter()
-            .map(|top| top.read(limit))
-            .filter(|reading| reading.denied_total > 0 || reading.near_limit_total > 0)
+        let mut ranked: Vec<((u64, u64), Arc<RuleTop>)> = tops
+            .into_iter()
+            .map(|top| (top.totals(), top))
+            .filter(|((denied, near), _)| *denied > 0 || *near > 0)
             .collect();
-        readings.sort_by(|a, b| {
-            b.denied_total
-                .cmp(&a.denied_total)
-                .then_with(|| b.near_limit_total.cmp(&a.near_limit_total))
-                .then_with(|| (&a.rule.domain, &a.rule.path).cmp(&(&b.rule.domain, &b.rule.path)))
+        ranked.sort_by(|(a_totals, a), (b_totals, b)| {
+            b_totals
+                .cmp(a_totals)
+                .then_with(|| (&a.name.domain, &a.name.path).cmp(&(&b.name.domain, &b.name.path)))
         });
-        readings
+        let mut truncated = false;
+        let readings = ranked
+            .iter()
+            .map(|(_, top)| {
+                let denied = limit.min(budget);
+                let near = limit.min(budget - denied);
+                let reading = top.read_within(limit, [denied, near]);
+                budget -= reading.denied.len() + reading.near_limit.len();
+                // Keys left out: what the lists could have held past what the budget let in.
+                let (all_denied, all_near) = top.listed(limit);
+                truncated |=
+                    all_denied > reading.denied.len() || all_near > reading.near_limit.len();
+                reading
+            })
+            .collect();
+        (readings, truncated)
     }
 }
 

@@ -303,6 +303,307 @@ descriptors:
             12,
         )],
     },
+    Case {
+        source: "masked-remote-address-match.yaml @ 675bfdaf (routes @ 289852c4): a CIDR \
+                 range, not distinct",
+        config: "
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: masked_remote_address
+        value: 192.168.0.0/16
+        rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[
+            // A client at 192.168.7.9 (RemoteAddressMatch sends the range itself).
+            Expect::Limit(
+                (
+                    "first-listener",
+                    &[
+                        ("first-route", "first-route"),
+                        ("masked_remote_address", "192.168.0.0/16"),
+                    ],
+                ),
+                5,
+                SECOND,
+            ),
+            // A client outside the range, with the older masked action: its own /16.
+            Expect::Unmatched((
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    ("masked_remote_address", "10.1.0.0/16"),
+                ],
+            )),
+        ],
+    },
+    Case {
+        source: "distinct-remote-address-match.yaml @ 23cea5a6: one bucket per client \
+                 address in the range",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: masked_remote_address
+        value: 192.168.0.0/16
+        descriptors:
+          - key: remote_address
+            rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[Expect::Limit(
+            (
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    ("masked_remote_address", "192.168.0.0/16"),
+                    ("remote_address", "192.168.7.9"),
+                ],
+            ),
+            5,
+            SECOND,
+        )],
+    },
+    Case {
+        source: "ratelimit-sourceip-invert.yaml @ 5c23dc01 (routes @ 3248db1b): an inverted \
+                 CIDR match (v1.8.0)",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: masked_remote_address
+        value: invert:192.168.0.0/24
+        rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[Expect::Limit(
+            (
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    ("masked_remote_address", "invert:192.168.0.0/24"),
+                ],
+            ),
+            5,
+            SECOND,
+        )],
+    },
+    Case {
+        source: "query-parameters-match.yaml @ 0e47507f: a header and a query parameter, \
+                 main after v1.9",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: test-namespace/test-policy-1/rule/0
+        value: test-namespace/test-policy-1/rule/0
+        descriptors:
+          - key: rule-0-match-0
+            value: rule-0-match-0
+            descriptors:
+              - key: rule-0-match-1
+                value: rule-0-match-1
+                rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[
+            // `x-user-id: one` and `?user=alice`.
+            Expect::Limit(
+                (
+                    "first-listener",
+                    &[
+                        ("first-route", "first-route"),
+                        (
+                            "test-namespace/test-policy-1/rule/0",
+                            "test-namespace/test-policy-1/rule/0",
+                        ),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                        ("rule-0-match-1", "rule-0-match-1"),
+                    ],
+                ),
+                5,
+                SECOND,
+            ),
+            // Without the query parameter Envoy drops the whole descriptor; the header's
+            // entry alone stops a level short.
+            Expect::Unmatched((
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    (
+                        "test-namespace/test-policy-1/rule/0",
+                        "test-namespace/test-policy-1/rule/0",
+                    ),
+                    ("rule-0-match-0", "rule-0-match-0"),
+                ],
+            )),
+        ],
+    },
+    Case {
+        source: "header-and-cidr-matches.yaml @ 0e47507f: three header matches and a CIDR, \
+                 main after v1.9",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: test-namespace/test-policy-1/rule/0
+        value: test-namespace/test-policy-1/rule/0
+        descriptors:
+          - key: rule-0-match-0
+            value: rule-0-match-0
+            descriptors:
+              - key: rule-0-match-1
+                value: rule-0-match-1
+                descriptors:
+                  - key: rule-0-match-2
+                    value: rule-0-match-2
+                    descriptors:
+                      - key: masked_remote_address
+                        value: 0.0.0.0/0
+                        rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[Expect::Limit(
+            (
+                "first-listener",
+                &[
+                    ("first-route", "first-route"),
+                    (
+                        "test-namespace/test-policy-1/rule/0",
+                        "test-namespace/test-policy-1/rule/0",
+                    ),
+                    ("rule-0-match-0", "rule-0-match-0"),
+                    ("rule-0-match-1", "rule-0-match-1"),
+                    ("rule-0-match-2", "rule-0-match-2"),
+                    ("masked_remote_address", "0.0.0.0/0"),
+                ],
+            ),
+            5,
+            SECOND,
+        )],
+    },
+    Case {
+        source: "multiple-domains.yaml (routes @ 6daffccb): a shared rule in its policy's \
+                 domain beside an unshared one in the listener's, v1.9.x",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: second-route
+    value: second-route
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 5, unit: SECOND}
+---
+name: test-namespace/test-policy-1
+domain: test-namespace/test-policy-1
+descriptors:
+  - key: test-namespace/test-policy-1/rule/0
+    value: test-namespace/test-policy-1/rule/0
+    descriptors:
+      - key: rule-0-match-0
+        value: rule-0-match-0
+        rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[
+            // `first-route` with `x-user-id: one`: the shared rule's domain.
+            Expect::Limit(
+                (
+                    "test-namespace/test-policy-1",
+                    &[
+                        (
+                            "test-namespace/test-policy-1/rule/0",
+                            "test-namespace/test-policy-1/rule/0",
+                        ),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                5,
+                SECOND,
+            ),
+            // `second-route` with `x-user-id: one`: the listener's.
+            Expect::Limit(
+                (
+                    "first-listener",
+                    &[
+                        ("second-route", "second-route"),
+                        ("rule-0-match-0", "rule-0-match-0"),
+                    ],
+                ),
+                5,
+                SECOND,
+            ),
+        ],
+    },
+    Case {
+        source: "multiple-listeners-distinct-match (routes @ 0e47507f): two listeners, one \
+                 domain each, main after v1.9",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: test-namespace/test-policy-1/rule/0
+        value: test-namespace/test-policy-1/rule/0
+        descriptors:
+          - key: rule-0-match-0
+            rate_limit: {requests_per_unit: 5, unit: SECOND}
+---
+name: second-listener
+domain: second-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    descriptors:
+      - key: test-namespace/test-policy-2/rule/0
+        value: test-namespace/test-policy-2/rule/0
+        descriptors:
+          - key: rule-0-match-0
+            rate_limit: {requests_per_unit: 5, unit: SECOND}
+",
+        expect: &[
+            Expect::Limit(
+                (
+                    "second-listener",
+                    &[
+                        ("first-route", "first-route"),
+                        (
+                            "test-namespace/test-policy-2/rule/0",
+                            "test-namespace/test-policy-2/rule/0",
+                        ),
+                        ("rule-0-match-0", "dave"),
+                    ],
+                ),
+                5,
+                SECOND,
+            ),
+            // The first listener's rule is not the second's.
+            Expect::Unmatched((
+                "second-listener",
+                &[
+                    ("first-route", "first-route"),
+                    (
+                        "test-namespace/test-policy-1/rule/0",
+                        "test-namespace/test-policy-1/rule/0",
+                    ),
+                    ("rule-0-match-0", "dave"),
+                ],
+            )),
+        ],
+    },
 ];
 
 /// A unit's name in Envoy Gateway's files, as Envoy's number.

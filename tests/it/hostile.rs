@@ -445,6 +445,14 @@ async fn hostile_bucket_ids_hold_a_bounded_number_of_bytes() {
     drop(streams);
 }
 
+/// Reports `count` buckets of `shared` named `<prefix>-<i>`, idle, in one message.
+async fn report_idle(quota: &Quota, prefix: &str, count: usize) {
+    let values: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    let ids: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("shared", v.as_str())]).collect();
+    let reported: Vec<rlqs::Reported<'_>> = ids.iter().map(|id| (&id[..], 0, 0)).collect();
+    quota.send(rlqs::usages("web", &reported)).await;
+}
+
 /// `--rlqs-max-buckets 100`: one client filled the process's 2,000 buckets over ten
 /// connections, and a second Envoy's bucket was skipped (no assignment). Now the newcomer's
 /// bucket is assigned, and the largest holder gives back its least active bucket.
@@ -465,28 +473,14 @@ async fn one_client_at_the_process_bound_does_not_lock_out_another() {
         let per_stream = if connection == 0 { 100 } else { 99 };
         for stream in 0..2 {
             let mut quota = Quota::on(channel.clone()).await;
-            let values: Vec<String> = (0..per_stream)
-                .map(|bucket| format!("hog-{connection}-{stream}-{bucket}"))
-                .collect();
-            let ids: Vec<[(&str, &str); 1]> = values
-                .iter()
-                .map(|value| [("shared", value.as_str())])
-                .collect();
-            let reported: Vec<rlqs::Reported<'_>> = ids.iter().map(|id| (&id[..], 0, 0)).collect();
-            quota.send(rlqs::usages("web", &reported)).await;
+            report_idle(&quota, &format!("hog-{connection}-{stream}"), per_stream).await;
             quota.next().await.expect("the hog's buckets are answered");
             hog.push(quota);
         }
     }
     // 1,982 held; fill to the bound with one more stream on a fresh connection.
     let mut filler = Quota::open(server.grpc).await;
-    let values: Vec<String> = (0..18).map(|bucket| format!("filler-{bucket}")).collect();
-    let ids: Vec<[(&str, &str); 1]> = values
-        .iter()
-        .map(|value| [("shared", value.as_str())])
-        .collect();
-    let reported: Vec<rlqs::Reported<'_>> = ids.iter().map(|id| (&id[..], 0, 0)).collect();
-    filler.send(rlqs::usages("web", &reported)).await;
+    report_idle(&filler, "filler", 18).await;
     filler.next().await.expect("answered");
     // A second Envoy's bucket is assigned.
     let mut newcomer = Quota::open(server.grpc).await;

@@ -119,9 +119,14 @@ local function check(book_on_deny)
     updated = now
     return true, math.floor((C - level) / U), cdiv(level, lambda), true
   end
-  -- Past one period the wait is the debt's, whatever the cost asked; a huge n*U is
-  -- inexact, but then far past C, so the min() is exact.
-  local reset = cdiv(math.min(u0 - room, C), lambda)
+  -- Past one period the wait is the debt's, whatever the cost asked. A cost over twice the
+  -- burst is past it whatever the level, and n*U may then be inexact: C says it exactly.
+  local reset
+  if n > 2 * B then
+    reset = cdiv(C, lambda)
+  else
+    reset = cdiv(math.min(u0 - room, C), lambda)
+  end
   if book_on_deny then
     -- Debt has an end: a cost-1 request fits again within one period (token_bucket.rs).
     level = math.min(u0 + n * U, 2 * C - U, MAX)

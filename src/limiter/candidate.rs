@@ -32,7 +32,6 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 pub(super) struct CandidateSet {
     pub(super) rules: RuleSet,
     counters: Box<[CandidateCounters]>,
-    in_flight: Arc<Semaphore>,
 }
 
 impl CandidateSet {
@@ -47,7 +46,6 @@ impl CandidateSet {
         CandidateSet {
             rules: RuleSet::new(matcher, true),
             counters,
-            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         }
     }
 
@@ -87,15 +85,16 @@ impl CandidateSet {
     /// Decides `trials` in a task of their own on `backend` by `work_ends`, then counts
     /// them once the live answer is known: the returned sender takes whether it denied
     /// (dropped unsent: it did not). `None`, counted as an error, when
-    /// [`MAX_IN_FLIGHT`] decisions are already running.
+    /// [`MAX_IN_FLIGHT`] decisions hold `slots` (the limiter's, across reloads).
     pub(super) fn spawn(
         self: Arc<Self>,
+        slots: &Arc<Semaphore>,
         backend: Arc<dyn Backend>,
         metrics: Arc<Metrics>,
         trials: Vec<Trial>,
         work_ends: Instant,
     ) -> Option<oneshot::Sender<bool>> {
-        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(slots).try_acquire_owned() else {
             metrics.candidates.errors.inc();
             return None;
         };

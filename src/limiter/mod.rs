@@ -152,6 +152,9 @@ pub struct Limiter {
     /// Where candidate rules' buckets live: a store of their own where the backend caps
     /// what it holds (`Backend::candidate_store`), else `backend`.
     candidate_backend: Arc<dyn Backend>,
+    /// Candidate decisions in flight, at most [`candidate::MAX_IN_FLIGHT`] whatever the
+    /// reloads.
+    candidate_slots: Arc<tokio::sync::Semaphore>,
     metrics: Arc<Metrics>,
     top: TopKeys,
     cache: Option<OverLimitCache>,
@@ -176,6 +179,7 @@ impl Limiter {
             candidate_backend: backend
                 .candidate_store()
                 .unwrap_or_else(|| Arc::clone(&backend)),
+            candidate_slots: Arc::new(tokio::sync::Semaphore::new(candidate::MAX_IN_FLIGHT)),
             backend,
             metrics,
             top: TopKeys::new(options.top),
@@ -315,7 +319,9 @@ impl Limiter {
             let trials = candidates.trials(request, &self.top);
             let backend = Arc::clone(&self.candidate_backend);
             let metrics = Arc::clone(&self.metrics);
-            (!trials.is_empty()).then(|| candidates.spawn(backend, metrics, trials, work_ends))?
+            let slots = &self.candidate_slots;
+            (!trials.is_empty())
+                .then(|| candidates.spawn(slots, backend, metrics, trials, work_ends))?
         });
         let asked_at = Instant::now();
         let live = match &group {

@@ -28,8 +28,9 @@ pub const STREAM_BYTES: usize = 16 << 20;
 pub const CONNECTION_BYTES: usize = 16 << 20;
 /// Most bytes every stream of the process may take together: 16 full connections.
 pub const PROCESS_BYTES: usize = 256 << 20;
-/// What a bucket takes beside its id's text: its state, its index entry, its rule.
-pub const BUCKET_BYTES: usize = 512;
+/// What a bucket takes beside its id's text: its state (three fairness counters, what is
+/// pending, what was sent), its index entry, its rule and its keys.
+pub const BUCKET_BYTES: usize = 1024;
 /// What each pair of an id takes beside its text (two strings and their allocations).
 pub const PAIR_BYTES: usize = 64;
 /// Past the process bound, buckets of smaller holders are still taken up to this part more
@@ -220,8 +221,19 @@ impl Holding {
     }
 
     /// Bytes the stream's connection owes to smaller holders: its streams give back their
-    /// least active buckets until it owes nothing.
+    /// least active buckets until it owes nothing. A debt ends once the process is back
+    /// within its bound, whoever gave the room back.
     pub fn owed(&self) -> usize {
+        if self.owed.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        if self
+            .bounds
+            .total()
+            .fits(Load::default(), self.bounds.process)
+        {
+            self.owed.store(0, Ordering::Relaxed);
+        }
         self.owed.load(Ordering::Relaxed)
     }
 }
@@ -231,11 +243,16 @@ impl Held {
     /// room for `load` to the largest holder that holds more than it would: true when
     /// one does.
     fn make_room(&mut self, own: Load, load: Load) -> bool {
+        // What a holder still holds past what it already owes: a debt never exceeds a hold.
+        let unowed = |holder: &Holder| {
+            let owed = holder.owed.load(Ordering::Relaxed);
+            holder.load.bytes.saturating_sub(owed)
+        };
         let largest = self
             .connections
             .values()
-            .max_by_key(|holder| holder.load.bytes)
-            .filter(|holder| holder.load.bytes > own.bytes + load.bytes);
+            .max_by_key(|holder| unowed(holder))
+            .filter(|holder| unowed(holder) > own.bytes + load.bytes);
         match largest {
             Some(holder) => {
                 holder.owed.fetch_add(load.bytes, Ordering::Relaxed);
@@ -338,5 +355,29 @@ mod tests {
         newcomer.take(ONE).unwrap();
         newcomer.take(ONE).unwrap();
         assert_eq!(newcomer.take(ONE), Err(Bound::Process));
+    }
+
+    #[test]
+    fn a_debt_ends_once_the_process_is_within_its_bound() {
+        let bounds = Arc::new(BucketBounds::with_bytes(100, [20_000, 20_000, 10_000]));
+        let mut hog = Holding::new(Arc::clone(&bounds), Some(ConnectionLoad::default().id()));
+        let mut other = Holding::new(Arc::clone(&bounds), Some(ConnectionLoad::default().id()));
+        for _ in 0..6 {
+            hog.take(ONE).unwrap();
+        }
+        for _ in 0..4 {
+            other.take(ONE).unwrap();
+        }
+        // Full (10,000). Newcomers on connections of their own take the headroom (1,250):
+        // one bucket, owed by the largest holder.
+        let mut newcomers: Vec<Holding> = (0..3)
+            .map(|_| Holding::new(Arc::clone(&bounds), Some(ConnectionLoad::default().id())))
+            .collect();
+        assert_eq!(newcomers[0].take(ONE), Ok(()));
+        assert_eq!(newcomers[1].take(ONE), Err(Bound::Process));
+        assert_eq!((hog.owed(), other.owed()), (1000, 0));
+        // The hog gives a bucket back: within the bound again, nobody owes anything.
+        hog.release(ONE);
+        assert_eq!(hog.owed(), 0);
     }
 }

@@ -87,12 +87,13 @@ pub struct Booked {
     pub presence_ms: u64,
 }
 
-/// The longest real time a stream's unclaimed allowance is kept: two reporting intervals,
-/// so a report after a lost one still counts whole, and idle time banks nothing more.
+/// The shortest real time a stream's unclaimed allowance is kept: two of Envoy's reporting
+/// intervals (a stream banks two of its own learned intervals when longer), so a report
+/// after a lost one still counts whole, and idle time banks nothing more.
 pub const BANKED: Duration = Duration::from_secs(10);
 
 /// What one stream may still claim of one bucket's demand: the limit's rate over the real
-/// time between its reports, banked for at most [`BANKED`]. Duplicates of a bucket in one
+/// time between its reports, banked for at most two of its intervals ([`BANKED`] or more). Duplicates of a bucket in one
 /// report are merged before they claim, and a flood of reports shares the time between
 /// them, so no report, true or not, takes more of the shares than a client demanding the
 /// whole limit would.
@@ -103,11 +104,11 @@ pub struct Allowance {
 
 impl Allowance {
     /// Claims up to `demand` requests after `covered` of real time at `rate` a second (the
-    /// limit's); returns what was claimed.
-    pub fn claim(&mut self, demand: u64, rate: f64, covered: Duration) -> u64 {
+    /// limit's), banking at most `bank` of it; returns what was claimed.
+    pub fn claim(&mut self, demand: u64, rate: f64, covered: Duration, bank: Duration) -> u64 {
         let rate = rate.max(0.0);
-        let covered = covered.min(BANKED);
-        let most = rate * BANKED.as_secs_f64();
+        let covered = covered.min(bank);
+        let most = rate * bank.as_secs_f64();
         self.banked = (self.banked + rate * covered.as_secs_f64()).min(most);
         let claimed = (demand as f64).min(self.banked.floor());
         self.banked -= claimed;
@@ -307,12 +308,16 @@ mod tests {
         // A first report claims what its time covered at the limit's rate; a flood of
         // reports 20 ms apart claims 2 each at 100 a second, and the rate stays 100.
         let mut allowance = Allowance::default();
-        assert_eq!(allowance.claim(10_000, 100.0, second * 5), 500);
-        assert_eq!(allowance.claim(10_000, 100.0, Duration::from_millis(20)), 2);
+        assert_eq!(allowance.claim(10_000, 100.0, second * 5, BANKED), 500);
+        let flood = Duration::from_millis(20);
+        assert_eq!(allowance.claim(10_000, 100.0, flood, BANKED), 2);
         // Idle time banks at most two intervals.
         let mut idle = Allowance::default();
-        assert_eq!(idle.claim(0, 100.0, second * 60), 0);
-        assert_eq!(idle.claim(u64::MAX, 100.0, Duration::ZERO), 1_000);
+        assert_eq!(idle.claim(0, 100.0, second * 60, BANKED), 0);
+        assert_eq!(idle.claim(u64::MAX, 100.0, Duration::ZERO, BANKED), 1_000);
+        // A client reporting every 60 s banks two of its intervals: its 30/s counts whole.
+        let mut slow = Allowance::default();
+        assert_eq!(slow.claim(1_800, 100.0, second * 60, second * 120), 1_800);
         // A report 20 ms after the last is read over half an interval; never past the rate.
         let interval = second * 5;
         assert_eq!(demand_rate(500, second * 5, interval, 100.0), 100.0);
@@ -361,7 +366,7 @@ mod tests {
             let (mut claimed, mut real) = (0u64, Duration::ZERO);
             for (claim, gap_ms) in reports {
                 let covered = Duration::from_millis(gap_ms);
-                let taken = allowance.claim(claim, rate, covered);
+                let taken = allowance.claim(claim, rate, covered, BANKED);
                 let interval = Duration::from_secs(5);
                 prop_assert!(demand_rate(taken, covered, interval, rate) <= rate);
                 claimed = claimed.saturating_add(taken);

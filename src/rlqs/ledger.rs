@@ -25,6 +25,9 @@ pub struct Reading {
     pub budget: Budget,
     /// The fairness counters of every stream over the demand window.
     pub total: Counts,
+    /// The backend's clock when it booked the counters (ms since the epoch): the window a
+    /// stream's own copy of them, and so its withdrawal, is dated by.
+    pub now_ms: i64,
 }
 
 /// What a bucket's reports carried that the backend has not yet booked.
@@ -91,6 +94,7 @@ impl Ledger {
             return Ok(Reading {
                 budget: budget(&always_over(&quota.policy)),
                 total: totals(&outcomes),
+                now_ms: outcomes[0].now_ms,
             });
         }
         // A lockout rule starts its lock on a denial, so never try what may not fit.
@@ -103,6 +107,7 @@ impl Ledger {
         charges.extend(counters(quota, counted));
         let outcomes = call(charges).await?;
         let total = totals(&outcomes[2..]);
+        let now_ms = outcomes[2].now_ms;
         let mut left = if first > 0 && outcomes[0].allowed {
             0
         } else {
@@ -110,13 +115,17 @@ impl Ledger {
         };
         let mut peek = outcomes[1];
         // What fits of a report that did not fit whole; others may book meanwhile, and the
-        // next round's peek says so.
+        // next round's peek says so. The counters are booked by now, so a round that fails
+        // ends the rounds rather than the booking: the report is not booked twice.
         for _ in 0..SATURATE_ROUNDS {
             let fits = left.min(peek.remaining);
             if fits == 0 {
                 break;
             }
-            let outcomes = call(self.book_then_peek(quota, fits, spread_ms).to_vec()).await?;
+            let Ok(outcomes) = call(self.book_then_peek(quota, fits, spread_ms).to_vec()).await
+            else {
+                break;
+            };
             if outcomes[0].allowed {
                 left -= fits;
             }
@@ -125,6 +134,7 @@ impl Ledger {
         Ok(Reading {
             budget: budget(&peek),
             total,
+            now_ms,
         })
     }
 
@@ -145,8 +155,10 @@ impl Ledger {
     fn charge(&self, quota: &QuotaBucket, cost: u64, spread_ms: u64) -> Charge {
         Charge {
             bucket: quota.bucket,
+            // A booking that races others may not fit; it must not start a lock either.
             policy: Policy {
                 on_over_limit: OnOverLimit::Reject,
+                lockout: None,
                 ..quota.policy
             },
             cost,

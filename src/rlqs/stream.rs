@@ -51,6 +51,8 @@ const CONCURRENT_BOOKINGS: usize = 64;
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
 const MIN_SLEEP: Duration = Duration::from_millis(5);
+/// Longest a report keeps its connection from eviction at the connection cap.
+const MAX_PROTECTED: Duration = Duration::from_secs(30);
 
 /// What every stream shares.
 pub struct Shared {
@@ -239,7 +241,9 @@ impl Stream {
         self.domain = Some(domain);
         let now = Instant::now();
         if let Some(connection) = &self.connection {
-            connection.reporting(now, self.interval());
+            // Protected for two intervals, but a claimed interval of an hour protects no
+            // idle connection for two: at most `MAX_PROTECTED`.
+            connection.reporting(now, self.interval().min(MAX_PROTECTED / 2));
         }
         self.follow_rules(now);
         let now_ms = SystemClock.now_ms();
@@ -332,7 +336,8 @@ impl Stream {
         };
         let booked = spread::booked_now(&quota.policy, usage.allowed, usage.elapsed, now_ms);
         let limit_rate = fair::limit_rate(&quota.policy);
-        let claimed = bucket.allowance.claim(demand, limit_rate, covered);
+        let bank = (2 * bucket.interval).max(fair::BANKED);
+        let claimed = bucket.allowance.claim(demand, limit_rate, covered, bank);
         let per_second = fair::demand_rate(claimed, covered, bucket.interval, limit_rate);
         bucket.demand_rate = per_second;
         let counted = fair::booked(claimed, per_second, covered, bucket.fair);
@@ -346,7 +351,6 @@ impl Stream {
         bucket
             .unbooked
             .add(booked, counted, usage.elapsed, MAX_PENDING);
-        bucket.own_counts = bucket.own.add(counted, now_ms);
     }
 
     /// Takes the stream's own counts out of the shared fairness counters, so that the
@@ -386,7 +390,11 @@ impl Stream {
             let rule = self.resolve(&self.buckets[at].id);
             let bucket = &mut self.buckets[at];
             if rule != bucket.rule {
+                // Other counters now: the old ones fade out with their window.
                 bucket.rule = rule;
+                bucket.own = OwnCounts::default();
+                bucket.own_counts = Counts::default();
+                bucket.fair = f64::INFINITY;
                 bucket.next_look = Some(now);
             }
         }
@@ -574,7 +582,13 @@ impl Tracked {
             refill: None,
         };
         let quota = match (&self.rule, reading) {
-            (QuotaRule::Limited(quota), Some(Ok(reading))) => (quota.clone(), reading),
+            (QuotaRule::Limited(quota), Some(Ok(reading))) => {
+                // What the backend booked, and only that, is the stream's own: a report shed
+                // or failed waits in `unbooked`, and a withdrawal refunds no more than was
+                // booked, dated by the backend's clock.
+                self.own_counts = self.own.add(self.unbooked.counted, reading.now_ms);
+                (quota.clone(), reading)
+            }
             // Counted where the limiter made the call.
             (_, Some(Err(_))) => {
                 // The assignment in force stands until its TTL.

@@ -85,6 +85,11 @@ async fn bookings_shed_under_a_standing_queue_wait_for_the_next_report() {
             }
         )]
     );
+    // Nothing was booked, so nothing is the stream's own: ending now would refund nothing
+    // from the shared counters, which hold only the other streams' counts.
+    let bucket = &stream.buckets[0];
+    assert_eq!(bucket.own.withdrawals(), [vec![], vec![], vec![]]);
+    assert!(bucket.unbooked.counted.demand > 0 || bucket.unbooked.counted.presence_ms > 0);
     let queue = crate::metrics::ReasonLabels {
         reason: ShedReason::Queue.as_str(),
     };

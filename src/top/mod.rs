@@ -175,9 +175,13 @@ impl Halves {
         }
     }
 
-    /// The keys of both halves, heaviest first, at most `limit`.
+    /// The keys of both halves, heaviest first, at most `limit`. Only the keys returned (and
+    /// those tied with the last of them) have their text made.
     fn ranked(&self, limit: usize) -> Vec<Ranked> {
-        let mut merged: HashMap<BucketKey, Ranked> = HashMap::new();
+        if limit == 0 {
+            return Vec::new();
+        }
+        let mut merged: HashMap<BucketKey, (u64, u64, &Label)> = HashMap::new();
         for (half, other) in [
             (&self.current, &self.previous),
             (&self.previous, &self.current),
@@ -186,19 +190,30 @@ impl Halves {
                 merged.entry(held.key).or_insert_with(|| {
                     // In the other half the key is held with its own error, or was at most
                     // that half's smallest count.
-                    let (count, error) = match other.get(&held.key) {
-                        Some(there) => (held.count + there.count, held.error + there.error),
-                        None => (held.count, held.error + other.unheld_bound()),
-                    };
-                    Ranked {
-                        key: held.label.to_string(),
-                        count,
-                        error,
+                    match other.get(&held.key) {
+                        Some(there) => (
+                            held.count + there.count,
+                            held.error + there.error,
+                            &held.label,
+                        ),
+                        None => (held.count, held.error + other.unheld_bound(), &held.label),
                     }
                 });
             }
         }
-        let mut ranked: Vec<Ranked> = merged.into_values().collect();
+        let mut heaviest: Vec<(u64, u64, &Label)> = merged.into_values().collect();
+        heaviest.sort_unstable_by_key(|&(count, ..)| std::cmp::Reverse(count));
+        if let Some(&(floor, ..)) = heaviest.get(limit - 1) {
+            heaviest.retain(|&(count, ..)| count >= floor);
+        }
+        let mut ranked: Vec<Ranked> = heaviest
+            .into_iter()
+            .map(|(count, error, label)| Ranked {
+                key: label.to_string(),
+                count,
+                error,
+            })
+            .collect();
         ranked.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
         ranked.truncate(limit);
         ranked

@@ -52,6 +52,14 @@ struct Case {
     expect: &'static [Expect],
 }
 
+/// Entries many cases send: the route's, the first policy's rule's, a header match's.
+const FIRST_ROUTE: (&str, &str) = ("first-route", "first-route");
+const POLICY_1_RULE_0: (&str, &str) = (
+    "test-namespace/test-policy-1/rule/0",
+    "test-namespace/test-policy-1/rule/0",
+);
+const RULE_0_MATCH_0: (&str, &str) = ("rule-0-match-0", "rule-0-match-0");
+
 /// Envoy's `RateLimitUnit` numbers.
 const SECOND: i32 = 1;
 const HOUR: i32 = 3;
@@ -75,14 +83,14 @@ descriptors:
             Expect::Limit(
                 (
                     "first-listener",
-                    &[("first-route", "first-route"), ("rule-0-match-0", "alice")],
+                    &[FIRST_ROUTE, ("rule-0-match-0", "alice")],
                 ),
                 5,
                 SECOND,
             ),
             // Without the header Envoy drops the descriptor; the route's entry alone does
             // not match a rule two levels deep.
-            Expect::Unmatched(("first-listener", &[("first-route", "first-route")])),
+            Expect::Unmatched(("first-listener", &[FIRST_ROUTE])),
         ],
     },
     Case {
@@ -103,14 +111,7 @@ descriptors:
         expect: &[Expect::Limit(
             (
                 "first-listener",
-                &[
-                    ("first-route", "first-route"),
-                    (
-                        "test-namespace/test-policy-1/rule/0",
-                        "test-namespace/test-policy-1/rule/0",
-                    ),
-                    ("rule-0-match-0", "bob"),
-                ],
+                &[FIRST_ROUTE, POLICY_1_RULE_0, ("rule-0-match-0", "bob")],
             ),
             5,
             SECOND,
@@ -157,7 +158,7 @@ descriptors:
                             "default/policy-for-route/rule/0",
                             "default/policy-for-route/rule/0",
                         ),
-                        ("rule-0-match-0", "rule-0-match-0"),
+                        RULE_0_MATCH_0,
                     ],
                 ),
                 3,
@@ -171,7 +172,7 @@ descriptors:
                             "httproute/default/httproute-1/rule/0/match/0/gateway_envoyproxy_io",
                             "httproute/default/httproute-1/rule/0/match/0/gateway_envoyproxy_io",
                         ),
-                        ("rule-0-match-0", "rule-0-match-0"),
+                        RULE_0_MATCH_0,
                     ],
                 ),
                 3,
@@ -184,7 +185,7 @@ descriptors:
                             "httproute/default/httproute-2/rule/0/match/0/gateway_envoyproxy_io",
                             "httproute/default/httproute-2/rule/0/match/0/gateway_envoyproxy_io",
                         ),
-                        ("rule-0-match-0", "rule-0-match-0"),
+                        RULE_0_MATCH_0,
                     ],
                 ),
                 3,
@@ -207,13 +208,7 @@ descriptors:
         expect: &[Expect::Limit(
             (
                 "test-namespace/test-policy-1",
-                &[
-                    (
-                        "test-namespace/test-policy-1/rule/0",
-                        "test-namespace/test-policy-1/rule/0",
-                    ),
-                    ("rule-0-match-0", "carol"),
-                ],
+                &[POLICY_1_RULE_0, ("rule-0-match-0", "carol")],
             ),
             5,
             SECOND,
@@ -239,24 +234,11 @@ descriptors:
         rate_limit: {requests_per_unit: 1, unit: YEAR}
 ",
         expect: &[
-            Expect::Limit(
-                (
-                    "first-listener",
-                    &[
-                        ("first-route", "first-route"),
-                        ("rule-0-match-0", "rule-0-match-0"),
-                    ],
-                ),
-                5,
-                MONTH,
-            ),
+            Expect::Limit(("first-listener", &[FIRST_ROUTE, RULE_0_MATCH_0]), 5, MONTH),
             Expect::Admits(
                 (
                     "first-listener",
-                    &[
-                        ("second-route", "second-route"),
-                        ("rule-0-match-0", "rule-0-match-0"),
-                    ],
+                    &[("second-route", "second-route"), RULE_0_MATCH_0],
                 ),
                 1,
             ),
@@ -293,8 +275,8 @@ descriptors:
             (
                 "first-listener",
                 &[
-                    ("first-route", "first-route"),
-                    ("rule-0-match-0", "rule-0-match-0"),
+                    FIRST_ROUTE,
+                    RULE_0_MATCH_0,
                     ("rule-0-match-1", "rule-0-match-1"),
                     ("rule-0-match-2", "rule-0-match-2"),
                     ("masked_remote_address", "0.0.0.0/0"),
@@ -321,10 +303,7 @@ descriptors:
             Expect::Limit(
                 (
                     "first-listener",
-                    &[
-                        ("first-route", "first-route"),
-                        ("masked_remote_address", "192.168.0.0/16"),
-                    ],
+                    &[FIRST_ROUTE, ("masked_remote_address", "192.168.0.0/16")],
                 ),
                 5,
                 SECOND,
@@ -332,10 +311,7 @@ descriptors:
             // A client outside the range, with the older masked action: its own /16.
             Expect::Unmatched((
                 "first-listener",
-                &[
-                    ("first-route", "first-route"),
-                    ("masked_remote_address", "10.1.0.0/16"),
-                ],
+                &[FIRST_ROUTE, ("masked_remote_address", "10.1.0.0/16")],
             )),
         ],
     },
@@ -359,7 +335,7 @@ descriptors:
             (
                 "first-listener",
                 &[
-                    ("first-route", "first-route"),
+                    FIRST_ROUTE,
                     ("masked_remote_address", "192.168.0.0/16"),
                     ("remote_address", "192.168.7.9"),
                 ],
@@ -386,7 +362,7 @@ descriptors:
             (
                 "first-listener",
                 &[
-                    ("first-route", "first-route"),
+                    FIRST_ROUTE,
                     ("masked_remote_address", "invert:192.168.0.0/24"),
                 ],
             ),
@@ -420,12 +396,9 @@ descriptors:
                 (
                     "first-listener",
                     &[
-                        ("first-route", "first-route"),
-                        (
-                            "test-namespace/test-policy-1/rule/0",
-                            "test-namespace/test-policy-1/rule/0",
-                        ),
-                        ("rule-0-match-0", "rule-0-match-0"),
+                        FIRST_ROUTE,
+                        POLICY_1_RULE_0,
+                        RULE_0_MATCH_0,
                         ("rule-0-match-1", "rule-0-match-1"),
                     ],
                 ),
@@ -436,14 +409,7 @@ descriptors:
             // entry alone stops a level short.
             Expect::Unmatched((
                 "first-listener",
-                &[
-                    ("first-route", "first-route"),
-                    (
-                        "test-namespace/test-policy-1/rule/0",
-                        "test-namespace/test-policy-1/rule/0",
-                    ),
-                    ("rule-0-match-0", "rule-0-match-0"),
-                ],
+                &[FIRST_ROUTE, POLICY_1_RULE_0, RULE_0_MATCH_0],
             )),
         ],
     },
@@ -477,12 +443,9 @@ descriptors:
             (
                 "first-listener",
                 &[
-                    ("first-route", "first-route"),
-                    (
-                        "test-namespace/test-policy-1/rule/0",
-                        "test-namespace/test-policy-1/rule/0",
-                    ),
-                    ("rule-0-match-0", "rule-0-match-0"),
+                    FIRST_ROUTE,
+                    POLICY_1_RULE_0,
+                    RULE_0_MATCH_0,
                     ("rule-0-match-1", "rule-0-match-1"),
                     ("rule-0-match-2", "rule-0-match-2"),
                     ("masked_remote_address", "0.0.0.0/0"),
@@ -521,13 +484,7 @@ descriptors:
             Expect::Limit(
                 (
                     "test-namespace/test-policy-1",
-                    &[
-                        (
-                            "test-namespace/test-policy-1/rule/0",
-                            "test-namespace/test-policy-1/rule/0",
-                        ),
-                        ("rule-0-match-0", "rule-0-match-0"),
-                    ],
+                    &[POLICY_1_RULE_0, RULE_0_MATCH_0],
                 ),
                 5,
                 SECOND,
@@ -536,10 +493,7 @@ descriptors:
             Expect::Limit(
                 (
                     "first-listener",
-                    &[
-                        ("second-route", "second-route"),
-                        ("rule-0-match-0", "rule-0-match-0"),
-                    ],
+                    &[("second-route", "second-route"), RULE_0_MATCH_0],
                 ),
                 5,
                 SECOND,
@@ -579,7 +533,7 @@ descriptors:
                 (
                     "second-listener",
                     &[
-                        ("first-route", "first-route"),
+                        FIRST_ROUTE,
                         (
                             "test-namespace/test-policy-2/rule/0",
                             "test-namespace/test-policy-2/rule/0",
@@ -593,14 +547,7 @@ descriptors:
             // The first listener's rule is not the second's.
             Expect::Unmatched((
                 "second-listener",
-                &[
-                    ("first-route", "first-route"),
-                    (
-                        "test-namespace/test-policy-1/rule/0",
-                        "test-namespace/test-policy-1/rule/0",
-                    ),
-                    ("rule-0-match-0", "dave"),
-                ],
+                &[FIRST_ROUTE, POLICY_1_RULE_0, ("rule-0-match-0", "dave")],
             )),
         ],
     },

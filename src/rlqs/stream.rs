@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::{FailureMode, Fallback, Limiter, QuotaRule};
+use crate::limiter::{Limiter, QuotaRule};
 use crate::matcher::Matcher;
 use crate::metrics::RlqsMetrics;
 use crate::overload::{Admission, Caller, ConnectionLoad, Deadline};
@@ -24,14 +24,13 @@ use crate::proto::rlqs::RateLimitQuotaUsageReports;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
 
 use super::RlqsSettings;
-use super::assign;
 use super::bounds::{self, BucketBounds, Holding, Load};
-use super::fair::{self, Allowance, Booked, Counts, OwnCounts};
-use super::ledger::{self, Ledger, Pending};
+use super::fair::{self, Counts, OwnCounts};
+use super::ledger::{self, Ledger};
+use super::pace;
 use super::strategy::{Assignment, Strategy};
 use super::validate::{self, BadBucket, BucketPairs, InvalidMessage, Usage};
 use super::wire;
-use super::{pace, spread};
 
 /// Envoy's reporting interval: hard-coded whatever `reporting_interval` says
 /// (`source/extensions/filters/http/rate_limit_quota/filter_persistence.cc`).
@@ -68,84 +67,6 @@ pub struct Shared {
     pub metrics: RlqsMetrics,
     /// ShouldRateLimit's admission controller, when shedding is on.
     pub admission: Option<Arc<Admission>>,
-}
-
-/// One bucket of the stream.
-struct Tracked {
-    /// Shared with the index, so each id is held once.
-    id: Arc<BucketPairs>,
-    rule: QuotaRule,
-    /// The client's reporting interval, as its reports' `time_elapsed` say.
-    interval: Duration,
-    /// The latest report with any demand (or the bucket's first).
-    last_demand: Instant,
-    /// The bucket's latest report on this stream; `None` before the first.
-    last_report: Option<Instant>,
-    /// Reported, not yet booked (the backend failed, or the booking was shed).
-    unbooked: Pending,
-    /// What the stream may still claim of the bucket's demand ([`fair::Allowance`]).
-    allowance: Allowance,
-    /// The stream's own fairness counters, and their counts after its latest report.
-    own: OwnCounts,
-    own_counts: Counts,
-    /// Demand a second, as its latest report says (at most the limit's rate).
-    demand_rate: f64,
-    /// The fair share a second the stream last saw: its capped demand counts up to it.
-    fair: f64,
-    sent: Option<Sent>,
-    /// When the bucket needs a push without a report: a refill, or a rule reload.
-    next_look: Option<Instant>,
-    /// When a held change of a slow bucket is pushed ([`pace`]).
-    slot: Option<Instant>,
-    /// Its first report on this stream covered time: the client held it on an earlier
-    /// stream (Envoy counts `time_elapsed` from the bucket's last report whatever the
-    /// stream), and may still run that stream's assignment.
-    continued: bool,
-}
-
-/// The assignment in force on the client.
-#[derive(Debug, Clone, Copy)]
-struct Sent {
-    strategy: Strategy,
-    expires: Instant,
-}
-
-impl Tracked {
-    /// A bucket first reported at `now`, under `rule`, with nothing booked or sent yet.
-    fn new(id: Arc<BucketPairs>, rule: QuotaRule, now: Instant) -> Tracked {
-        Tracked {
-            id,
-            rule,
-            interval: DEFAULT_INTERVAL,
-            last_demand: now,
-            last_report: None,
-            unbooked: Pending::default(),
-            allowance: Allowance::default(),
-            own: OwnCounts::default(),
-            own_counts: Counts::default(),
-            demand_rate: 0.0,
-            fair: f64::INFINITY,
-            sent: None,
-            next_look: None,
-            slot: None,
-            continued: false,
-        }
-    }
-
-    /// Learns the reporting interval from a report's `time_elapsed`: at once when it grows,
-    /// slowly when it shrinks, so a first periodic report (which covers less than an
-    /// interval) never gives TTLs that end before the next report.
-    fn learn_interval(&mut self, elapsed: Duration) {
-        if elapsed < MIN_INTERVAL {
-            return;
-        }
-        let elapsed = elapsed.min(MAX_INTERVAL);
-        self.interval = if elapsed < self.interval {
-            (self.interval * 3 + elapsed) / 4
-        } else {
-            elapsed
-        };
-    }
 }
 
 /// Why a bucket of a report got no answer.
@@ -268,7 +189,7 @@ impl Stream {
         let mut reported: Vec<usize> = merged.keys().copied().collect();
         reported.sort_unstable();
         for &at in &reported {
-            self.record(at, merged[&at], now, now_ms);
+            self.buckets[at].record(merged[&at], now, now_ms);
         }
         answered.actions = self.look(&reported, now, true).await;
         Ok(answered)
@@ -316,41 +237,6 @@ impl Stream {
             Some(&at) => Ok(at),
             None => self.add(usage.id.clone(), now),
         }
-    }
-
-    /// Counts one report's merged usage of the bucket at `at`. Its demand claims at most the
-    /// limit's rate over the real time since the stream's previous report of the bucket
-    /// ([`fair::Allowance`]), whatever the report says; a first report covers one interval.
-    fn record(&mut self, at: usize, usage: Merged, now: Instant, now_ms: i64) {
-        let bucket = &mut self.buckets[at];
-        bucket.learn_interval(usage.elapsed);
-        let demand = usage.allowed.saturating_add(usage.denied);
-        if demand > 0 {
-            bucket.last_demand = now;
-        }
-        let previous = bucket.last_report.replace(now);
-        bucket.continued |= previous.is_none() && !usage.elapsed.is_zero();
-        let covered = previous.map_or(DEFAULT_INTERVAL, |last| now - last);
-        let QuotaRule::Limited(quota) = &bucket.rule else {
-            return;
-        };
-        let booked = spread::booked_now(&quota.policy, usage.allowed, usage.elapsed, now_ms);
-        let limit_rate = fair::limit_rate(&quota.policy);
-        let bank = (2 * bucket.interval).max(fair::BANKED);
-        let claimed = bucket.allowance.claim(demand, limit_rate, covered, bank);
-        let per_second = fair::demand_rate(claimed, covered, bucket.interval, limit_rate);
-        bucket.demand_rate = per_second;
-        let counted = fair::booked(claimed, per_second, covered, bucket.fair);
-        // Spread like the requests, as the windows hold them.
-        let spread = |count| spread::booked_now(&fair::counter_policy(), count, covered, now_ms);
-        let counted = Booked {
-            demand: spread(counted.demand),
-            capped: spread(counted.capped),
-            presence_ms: spread(counted.presence_ms),
-        };
-        bucket
-            .unbooked
-            .add(booked, counted, usage.elapsed, MAX_PENDING);
     }
 
     /// Takes the stream's own counts out of the shared fairness counters, so that the
@@ -542,8 +428,11 @@ impl Stream {
         // token bucket that Envoy would take for this one (it compares neither the rate
         // nor the seconds of `fill_interval`) and keep running at the old rate. A blanket
         // rule first, in the same answer, makes it start the new one: Envoy applies a
-        // message's actions in order (`onQuotaResponse` in
-        // `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`).
+        // message's actions in order, a blanket rule leaves the bucket without a token
+        // bucket, and a token bucket after it is always new (`onQuotaResponseImpl` and
+        // `shouldReplaceTokenBucket` in
+        // `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`,
+        // envoyproxy/envoy at 0b559611 and c33e7f82).
         if first && bucket.continued && matches!(assignment.strategy, Strategy::TokenBucket { .. })
         {
             let blanket = Assignment {
@@ -554,133 +443,6 @@ impl Stream {
         }
         actions.push(wire::assign(&bucket.id, &assignment));
         actions
-    }
-}
-
-/// What a bucket's reading makes of it: the assignment, the stream's part of the bucket
-/// (which decides whether a slow bucket is paced) and when a denial ends.
-struct Next {
-    assignment: Assignment,
-    fraction: f64,
-    refill: Option<Duration>,
-}
-
-impl Tracked {
-    /// The assignment the bucket's `reading` calls for; `None` when the backend failed and
-    /// the failure mode says to leave the client to its own (or the assignment in force
-    /// stands until its TTL).
-    fn next(
-        &mut self,
-        reading: Option<Result<ledger::Reading, BackendError>>,
-        failure_mode: FailureMode,
-        now: Instant,
-    ) -> Option<Next> {
-        let ttl = assign::ttl(self.interval);
-        let blanket = |strategy| Next {
-            assignment: Assignment { strategy, ttl },
-            fraction: 1.0,
-            refill: None,
-        };
-        let quota = match (&self.rule, reading) {
-            (QuotaRule::Limited(quota), Some(Ok(reading))) => {
-                // What the backend booked, and only that, is the stream's own: a report shed
-                // or failed waits in `unbooked`, and a withdrawal refunds no more than was
-                // booked, dated by the backend's clock.
-                self.own_counts = self.own.add(self.unbooked.counted, reading.now_ms);
-                (quota.clone(), reading)
-            }
-            // Counted where the limiter made the call.
-            (_, Some(Err(_))) => {
-                // The assignment in force stands until its TTL.
-                if self.sent.is_some_and(|sent| sent.expires > now) {
-                    return None;
-                }
-                return match failure_mode.fallback() {
-                    Fallback::Admit => Some(blanket(Strategy::AllowAll)),
-                    Fallback::Deny => Some(blanket(Strategy::DenyAll)),
-                    Fallback::Unavailable => None,
-                };
-            }
-            _ => return Some(blanket(Strategy::AllowAll)),
-        };
-        let (quota, reading) = quota;
-        self.unbooked = Pending::default();
-        if quota.shadow {
-            return Some(blanket(Strategy::AllowAll));
-        }
-        let per_second = assign::per_second(&quota.policy, reading.budget, self.interval);
-        let room = assign::room(per_second);
-        let others = fair::others(reading.total, self.own_counts);
-        self.fair = fair::fair_share(room, &others);
-        let rate = fair::rate(self.demand_rate, &others, room);
-        let fraction = if room > 0.0 { rate / room } else { 1.0 };
-        Some(Next {
-            assignment: assign::size(&quota.policy, reading.budget, fraction, self.interval),
-            fraction,
-            refill: Some(reading.budget.reset),
-        })
-    }
-
-    /// Decides what the client gets of `next`: the assignment in force when `next` did not
-    /// move enough ([`assign::moved`]), held until the stream's slot when paced
-    /// ([`pace`]); records it as sent. `None` when nothing is to be pushed: no report asked
-    /// (`answer`) and nothing changed.
-    fn push(&mut self, next: Next, phase: f64, now: Instant, answer: bool) -> Option<Assignment> {
-        let ttl = assign::ttl(self.interval);
-        let window = match &self.rule {
-            QuotaRule::Limited(quota) => Duration::from_millis(quota.policy.window_ms()),
-            QuotaRule::Unlimited => Duration::ZERO,
-        };
-        let running = self.sent.filter(|sent| sent.expires > now);
-        let (mut strategy, mut lives) = match self.sent {
-            // Kept, it lives as long as an assignment does, also in place of a DENY_ALL.
-            Some(sent)
-                if running.is_some()
-                    && !assign::moved(&sent.strategy, &next.assignment, window) =>
-            {
-                (sent.strategy, ttl)
-            }
-            Some(sent) => (
-                assign::distinct_for_envoy(&sent.strategy, next.assignment.strategy),
-                next.assignment.ttl,
-            ),
-            None => (next.assignment.strategy, next.assignment.ttl),
-        };
-        let changes = |strategy: &Strategy| {
-            running.is_none_or(|sent| !assign::same_for_envoy(&sent.strategy, strategy))
-        };
-        let mut changed = changes(&strategy);
-        let wait = changed
-            .then(|| {
-                let now_ms = SystemClock.now_ms();
-                pace::wait(&strategy, next.fraction, self.interval, phase, now_ms)
-            })
-            .flatten();
-        self.slot = pace::slot(self.slot, wait, now);
-        let slot = self.slot.map(|slot| slot - now);
-        if let Some(wait) = slot {
-            strategy = pace::held(running.map(|sent| sent.strategy), &strategy);
-            lives = ttl + assign::whole_seconds(wait);
-            changed = changes(&strategy);
-        }
-        self.next_look = match (slot, next.refill) {
-            (Some(wait), _) => Some(now + wait),
-            (None, Some(refill)) if changed || answer => {
-                (strategy == Strategy::DenyAll).then(|| now + refill.max(Duration::from_millis(1)))
-            }
-            _ => None,
-        };
-        if !answer && !changed {
-            return None;
-        }
-        self.sent = Some(Sent {
-            strategy,
-            expires: now + lives,
-        });
-        Some(Assignment {
-            strategy,
-            ttl: lives,
-        })
     }
 }
 
@@ -720,22 +482,9 @@ async fn withdraw(shared: &Shared, buckets: &[Tracked]) {
     }
 }
 
-/// One report's usage of one bucket, its duplicates merged.
-#[derive(Debug, Clone, Copy, Default)]
-struct Merged {
-    allowed: u64,
-    denied: u64,
-    /// The longest `time_elapsed` its usages claimed.
-    elapsed: Duration,
-}
+mod tracked;
 
-impl Merged {
-    fn add(&mut self, usage: &Usage) {
-        self.allowed = self.allowed.saturating_add(usage.allowed);
-        self.denied = self.denied.saturating_add(usage.denied);
-        self.elapsed = self.elapsed.max(usage.elapsed);
-    }
-}
+use tracked::{Merged, Tracked};
 
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,8 @@
 //! standing queue.
 
 use super::*;
+use crate::limiter::FailureMode;
+use crate::rlqs::ledger::Pending;
 
 fn tracked() -> Tracked {
     let id = Arc::new(vec![("k".to_owned(), "v".to_owned())]);

@@ -50,6 +50,8 @@ const CONCURRENT_BOOKINGS: usize = 64;
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
 const MIN_SLEEP: Duration = Duration::from_millis(5);
+/// Most refunds one backend call carries when a stream withdraws its counts.
+const WITHDRAWALS_PER_CALL: usize = 256;
 /// Longest a report keeps its connection from eviction at the connection cap.
 const MAX_PROTECTED: Duration = Duration::from_secs(30);
 
@@ -474,11 +476,12 @@ async fn withdraw(shared: &Shared, buckets: &[Tracked]) {
         })
         .flatten()
         .collect();
-    if refunds.is_empty() {
-        return;
-    }
-    if let Err(error) = shared.limiter.quota_refunds(&refunds).await {
-        tracing::debug!(%error, "RLQS: withdrawn demand fades out instead");
+    // In calls of a bounded size: a stream of 10,000 buckets has up to 60,000 refunds.
+    for refunds in refunds.chunks(WITHDRAWALS_PER_CALL) {
+        if let Err(error) = shared.limiter.quota_refunds(refunds).await {
+            tracing::debug!(%error, "RLQS: withdrawn demand fades out instead");
+            return;
+        }
     }
 }
 

@@ -307,30 +307,18 @@ impl RuleTop {
 
     /// The rule's heaviest keys of each kind, at most `limit` each.
     pub fn read(&self, limit: usize) -> RuleReading {
-        self.read_within(limit, [limit, limit])
-    }
-
-    /// How many keys of each kind a reading of `limit` would list.
-    fn listed(&self, limit: usize) -> (usize, usize) {
-        let now = Instant::now();
-        let (mut denied, mut near) = (0, 0);
-        for stripe in &self.stripes {
-            let mut state = stripe.lock();
-            state.roll(now);
-            denied += state.denied.len();
-            near += state.near_limit.len();
-        }
-        (denied.min(limit), near.min(limit))
+        self.read_within(limit, [limit, limit]).0
     }
 
     /// The rule's totals, without its keys.
     fn totals(&self) -> (u64, u64) {
-        self.read_within(0, [0, 0]).totals()
+        self.read_within(0, [0, 0]).0.totals()
     }
 
     /// The rule's heaviest keys, at most `limit` of each kind and `most[0]` denied and
-    /// `most[1]` near-limit ones: a reading copies no more keys than its answer lists.
-    fn read_within(&self, limit: usize, most: [usize; 2]) -> RuleReading {
+    /// `most[1]` near-limit ones: a reading copies no more keys than its answer lists. Also
+    /// says how many of each kind a reading of `limit` alone would list.
+    fn read_within(&self, limit: usize, most: [usize; 2]) -> (RuleReading, [usize; 2]) {
         let mut reading = RuleReading {
             rule: self.name.clone(),
             denied_total: 0,
@@ -340,11 +328,16 @@ impl RuleTop {
         };
         let [denied_most, near_most] = most.map(|most| most.min(limit));
         let now = Instant::now();
+        let mut held = [0, 0];
         for stripe in &self.stripes {
             let mut state = stripe.lock();
             state.roll(now);
             reading.denied_total += state.denied.total();
             reading.near_limit_total += state.near_limit.total();
+            if limit > 0 {
+                held[0] += state.denied.len();
+                held[1] += state.near_limit.len();
+            }
             if denied_most > 0 {
                 reading.denied.extend(state.denied.ranked(denied_most));
             }
@@ -361,7 +354,7 @@ impl RuleTop {
             keys.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
             keys.truncate(most);
         }
-        reading
+        (reading, held.map(|held| held.min(limit)))
     }
 }
 
@@ -438,12 +431,10 @@ impl TopKeys {
             .map(|(_, top)| {
                 let denied = limit.min(budget);
                 let near = limit.min(budget - denied);
-                let reading = top.read_within(limit, [denied, near]);
+                let (reading, held) = top.read_within(limit, [denied, near]);
                 budget -= reading.denied.len() + reading.near_limit.len();
                 // Keys left out: what the lists could have held past what the budget let in.
-                let (all_denied, all_near) = top.listed(limit);
-                truncated |=
-                    all_denied > reading.denied.len() || all_near > reading.near_limit.len();
+                truncated |= held[0] > reading.denied.len() || held[1] > reading.near_limit.len();
                 reading
             })
             .collect();

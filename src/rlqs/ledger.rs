@@ -108,22 +108,40 @@ impl Ledger {
         let outcomes = call(charges).await?;
         let total = totals(&outcomes[2..]);
         let now_ms = outcomes[2].now_ms;
-        let mut left = if first > 0 && outcomes[0].allowed {
+        let left = if first > 0 && outcomes[0].allowed {
             0
         } else {
             allowed
         };
-        let mut peek = outcomes[1];
-        // What fits of a report that did not fit whole; others may book meanwhile, and the
-        // next round's peek says so. The counters are booked by now, so a round that fails
-        // ends the rounds rather than the booking: the report is not booked twice.
+        let peek = self
+            .saturate(quota, left, outcomes[1], spread_ms, caller)
+            .await;
+        Ok(Reading {
+            budget: budget(&peek),
+            total,
+            now_ms,
+        })
+    }
+
+    /// Books what fits of the `left` requests of a report that did not fit whole, given the
+    /// `peek` after its first booking; returns the last peek. Others may book meanwhile, and
+    /// the next round's peek says so. The counters are booked by now, so a round that fails
+    /// ends the rounds rather than the booking: the report is not booked twice.
+    async fn saturate(
+        &self,
+        quota: &QuotaBucket,
+        mut left: u64,
+        mut peek: Outcome,
+        spread_ms: u64,
+        caller: Caller,
+    ) -> Outcome {
         for _ in 0..SATURATE_ROUNDS {
             let fits = left.min(peek.remaining);
             if fits == 0 {
                 break;
             }
-            let Ok(outcomes) = call(self.book_then_peek(quota, fits, spread_ms).to_vec()).await
-            else {
+            let charges = self.book_then_peek(quota, fits, spread_ms);
+            let Ok(outcomes) = self.limiter.quota_charges(&charges, caller).await else {
                 break;
             };
             if outcomes[0].allowed {
@@ -131,11 +149,7 @@ impl Ledger {
             }
             peek = outcomes[1];
         }
-        Ok(Reading {
-            budget: budget(&peek),
-            total,
-            now_ms,
-        })
+        peek
     }
 
     /// A booking of `cost` and a peek after it, in one call: the peek says whether one more

@@ -207,25 +207,8 @@ impl Tracked {
         answer: bool,
     ) -> Option<Assignment> {
         let ttl = assign::ttl(self.interval);
-        let window = match &self.rule {
-            QuotaRule::Limited(quota) => Duration::from_millis(quota.policy.window_ms()),
-            QuotaRule::Unlimited => Duration::ZERO,
-        };
         let running = self.sent.filter(|sent| sent.expires > now);
-        let (mut strategy, mut lives) = match self.sent {
-            // Kept, it lives as long as an assignment does, also in place of a DENY_ALL.
-            Some(sent)
-                if running.is_some()
-                    && !assign::moved(&sent.strategy, &next.assignment, window) =>
-            {
-                (sent.strategy, ttl)
-            }
-            Some(sent) => (
-                assign::distinct_for_envoy(&sent.strategy, next.assignment.strategy),
-                next.assignment.ttl,
-            ),
-            None => (next.assignment.strategy, next.assignment.ttl),
-        };
+        let (mut strategy, mut lives) = self.kept_or_next(&next, now);
         let changes = |strategy: &Strategy| {
             running.is_none_or(|sent| !assign::same_for_envoy(&sent.strategy, strategy))
         };
@@ -261,6 +244,30 @@ impl Tracked {
             strategy,
             ttl: lives,
         })
+    }
+
+    /// The strategy the client gets for `next` and how long it lives, before pacing: the
+    /// one running, kept while `next` did not move enough (it then lives as long as an
+    /// assignment does, also in place of a `DENY_ALL`), else `next`, made to differ for
+    /// Envoy from the one running.
+    fn kept_or_next(&self, next: &Next, now: Instant) -> (Strategy, Duration) {
+        let window = match &self.rule {
+            QuotaRule::Limited(quota) => Duration::from_millis(quota.policy.window_ms()),
+            QuotaRule::Unlimited => Duration::ZERO,
+        };
+        match self.sent {
+            Some(sent)
+                if sent.expires > now
+                    && !assign::moved(&sent.strategy, &next.assignment, window) =>
+            {
+                (sent.strategy, assign::ttl(self.interval))
+            }
+            Some(sent) => (
+                assign::distinct_for_envoy(&sent.strategy, next.assignment.strategy),
+                next.assignment.ttl,
+            ),
+            None => (next.assignment.strategy, next.assignment.ttl),
+        }
     }
 }
 

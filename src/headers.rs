@@ -19,6 +19,10 @@ pub enum HeaderMode {
     Legacy,
 }
 
+/// Set on every answer decided from a replica's memory while cut off from Redis (failure
+/// mode `local`), whatever `--response-headers` says, so the client can tell.
+pub const LOCAL_FALLBACK: &str = "x-floodgate-fallback";
+
 /// The headers `mode` asks for, as (name, value) pairs in emission order.
 pub fn build(mode: HeaderMode, response: &Response) -> Vec<(&'static str, String)> {
     match mode {
@@ -139,7 +143,11 @@ mod tests {
     }
 
     fn response(overall: Code, statuses: Vec<Status>) -> Response {
-        Response { overall, statuses }
+        Response {
+            overall,
+            statuses,
+            local: false,
+        }
     }
 
     #[test]

@@ -283,12 +283,29 @@ impl Server {
             ready = health.is_ready(),
             "floodgate listening grpc_addr={grpc_addr} http_addr={http_addr}"
         );
+        // Under failure mode `local` a replica that once reached Redis can decide without
+        // it, so an outage does not take it out of rotation.
+        let grace = match self.limiter.local_fallback() {
+            Some(_) => Duration::MAX,
+            None => BACKEND_FAILURE_GRACE,
+        };
         let monitor = tokio::spawn(Arc::clone(&health).monitor(
             Arc::clone(&self.backend),
-            BACKEND_FAILURE_GRACE,
+            grace,
             self.settings.limiter.backend_timeout,
         ));
         let reloader = reloader.map(tokio::spawn);
+        // Failure mode `local`: say this replica is alive, from the first tick.
+        let registry = self
+            .limiter
+            .local_fallback()
+            .map(|local| Arc::clone(local.registry()));
+        let heartbeat = registry.clone().map(|registry| {
+            tokio::spawn(registry.run(
+                Arc::clone(&self.backend),
+                Arc::clone(self.limiter.metrics()),
+            ))
+        });
         let statsd = self
             .settings
             .statsd
@@ -405,6 +422,13 @@ impl Server {
         }
         if let Some(reloader) = reloader {
             reloader.abort();
+        }
+        if let Some(heartbeat) = heartbeat {
+            heartbeat.abort();
+        }
+        if let Some(registry) = registry {
+            // Drained: nothing more is decided here, so nobody need keep this share.
+            registry.leave(self.backend.as_ref()).await;
         }
         if let Some(tls_watch) = tls_watch {
             tls_watch.abort();

@@ -10,6 +10,7 @@ pub mod keys;
 pub mod memory;
 pub mod per_second;
 pub mod redis;
+pub(crate) mod side_call;
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 pub use connect::{BackendSettings, connect};
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions, SentinelSettings};
+pub use side_call::SideCall;
 
 use crate::overload::{ConnectionId, Deadline};
 use crate::redact::Scrub;
@@ -390,6 +392,20 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
     fn name(&self) -> &'static str;
+
+    /// Runs a small script outside the decision path (the replica registry, region
+    /// leases) on the node that holds its keys, for the backends whose state other
+    /// replicas share.
+    ///
+    /// # Errors
+    /// As for `charge`; `Config` for a backend that keeps its state in this process.
+    async fn side_call(&self, call: &SideCall) -> Result<::redis::Value, BackendError> {
+        let _ = call;
+        Err(BackendError::Config(format!(
+            "the {} backend keeps no state that other replicas share",
+            self.name()
+        )))
+    }
 
     /// Live buckets dropped so far to respect a cap on held state, for backends that have
     /// one (memory); exported as `floodgate_memory_evictions`.

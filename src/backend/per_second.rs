@@ -24,7 +24,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    Backend, BackendError, Group, Item, Outcome, Refund, Tally, log_refund_failure, roll_back,
+    Backend, BackendError, Group, Item, Outcome, Refund, SideCall, Tally, log_refund_failure,
+    roll_back,
 };
 use crate::rules::Unit;
 
@@ -99,6 +100,11 @@ impl Backend for PerSecondSplit {
 
     fn name(&self) -> &'static str {
         "per-second-split"
+    }
+
+    /// On the main backend, which keeps every unit but seconds.
+    async fn side_call(&self, call: &SideCall) -> Result<redis::Value, BackendError> {
+        self.main.side_call(call).await
     }
 
     /// The shorter of the two: a request may use only the less busy backend.

@@ -24,6 +24,7 @@ mod args;
 mod client;
 pub mod envoy_quota;
 mod error;
+pub mod proxy;
 pub mod quota;
 mod stats;
 mod workload;

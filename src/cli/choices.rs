@@ -16,6 +16,8 @@ pub enum FailureMode {
     Allow,
     /// Answer OVER_LIMIT.
     Deny,
+    /// Decide from this replica's memory with its share of each limit (Redis backends).
+    Local,
 }
 
 impl From<FailureMode> for limiter::FailureMode {
@@ -24,6 +26,7 @@ impl From<FailureMode> for limiter::FailureMode {
             FailureMode::Error => limiter::FailureMode::Error,
             FailureMode::Allow => limiter::FailureMode::Allow,
             FailureMode::Deny => limiter::FailureMode::Deny,
+            FailureMode::Local => limiter::FailureMode::Local,
         }
     }
 }

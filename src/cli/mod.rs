@@ -72,6 +72,8 @@ pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
 /// Default trust period of a local over-limit cache entry
 /// (`limiter::DEFAULT_LOCAL_CACHE_MAX_AGE`).
 pub const DEFAULT_LOCAL_CACHE_MAX_AGE: &str = "3s";
+/// Default `--replica-grace` (`fallback::DEFAULT_GRACE`).
+pub const DEFAULT_REPLICA_GRACE: &str = "2m";
 /// Default time in-flight calls get to finish after shutdown starts.
 pub const DEFAULT_DRAIN_TIMEOUT: &str = "10s";
 /// Default pause between reporting NOT_SERVING and closing the listeners.
@@ -241,9 +243,14 @@ pub struct ServeArgs {
     #[arg(long, env = "FLOODGATE_BACKEND_TIMEOUT_MS", value_name = "MS", hide = true,
           conflicts_with = "backend_timeout", value_parser = clap::value_parser!(u64).range(1..))]
     pub backend_timeout_ms: Option<u64>,
-    /// Answer when the backend fails: `error` (UNAVAILABLE), `allow` or `deny`.
+    /// Answer when the backend fails: `error` (UNAVAILABLE), `allow`, `deny`, or `local`
+    /// (decide from memory with this replica's share of each limit; Redis backends only).
     #[arg(long, env = "FLOODGATE_FAILURE_MODE", value_name = "MODE", value_enum, default_value_t = FailureMode::Error)]
     pub failure_mode: FailureMode,
+    /// Under `--failure-mode local`: how long the replicas on Redis keep the share of one
+    /// that went silent (it may be cut off and deciding from its memory).
+    #[arg(long, env = "FLOODGATE_REPLICA_GRACE", value_name = "DURATION", default_value = DEFAULT_REPLICA_GRACE, value_parser = duration::parse_positive)]
+    pub replica_grace: GoDuration,
     /// What a request over the limit books under rules that do not set `on_over_limit`:
     /// `reject` (nothing) or `consume` (its whole cost). Default: `reject` for rules from
     /// files, `consume` for rules from xDS (docs/cost-budgets.md).
@@ -431,6 +438,13 @@ impl ServeArgs {
         let main = self
             .main_backend()
             .settings(options.clone(), self.memory_max_buckets);
+        if self.failure_mode == FailureMode::Local && matches!(main, BackendSettings::Memory { .. })
+        {
+            return Err(FlagError::Needs {
+                flag: "--failure-mode local".into(),
+                needs: "a Redis backend (the memory backend never fails)".into(),
+            });
+        }
         let backend = match self.topology.per_second() {
             None => main,
             Some(flags) => BackendSettings::PerSecond {
@@ -456,6 +470,7 @@ impl ServeArgs {
             limiter: LimiterOptions {
                 backend_timeout: timeout,
                 failure_mode: self.failure_mode.into(),
+                replica_grace: self.replica_grace.0,
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
                 local_cache_entries: self.local_cache_entries,

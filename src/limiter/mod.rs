@@ -7,6 +7,7 @@
 //! `on_over_limit: reject`: the backend undoes those bookings, atomically where it can.
 
 mod candidate;
+pub mod fallback;
 mod local_cache;
 mod quota;
 pub mod request;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::time::Instant;
 
-use crate::backend::{Backend, BackendError, Group, Item, Outcome, Tally, Weight, undoable};
+use crate::backend::{Backend, BackendError, Group, Outcome, Tally, Weight, undoable};
 use crate::clock::{Clock, SystemClock};
 use crate::matcher::Matcher;
 use crate::metrics::Metrics;
@@ -30,6 +31,7 @@ use crate::overload::{self, Caller, ShedReason};
 use crate::rules::{Algorithm, Limit, OnOverLimit, Policy};
 use crate::top::{TopKeys, TopOptions};
 use candidate::CandidateSet;
+use fallback::{LocalFallback, Share};
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
@@ -47,6 +49,10 @@ pub enum FailureMode {
     Allow,
     /// Answer OVER_LIMIT.
     Deny,
+    /// Decide from this replica's memory with its share of each limit
+    /// (`fallback`); a shed call and a quota stream, which have no charge to decide
+    /// there, answer as `Error` does.
+    Local,
 }
 
 /// What stands in for a decision the backend could not make (it failed, or the call was
@@ -66,7 +72,7 @@ impl FailureMode {
     /// What stands in for a decision under this mode.
     pub fn fallback(self) -> Fallback {
         match self {
-            FailureMode::Error => Fallback::Unavailable,
+            FailureMode::Error | FailureMode::Local => Fallback::Unavailable,
             FailureMode::Allow => Fallback::Admit,
             FailureMode::Deny => Fallback::Deny,
         }
@@ -78,6 +84,7 @@ impl FailureMode {
             FailureMode::Error => "error",
             FailureMode::Allow => "allow",
             FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
         }
     }
 }
@@ -104,6 +111,8 @@ pub struct LimiterOptions {
     pub accounting: OnOverLimit,
     /// How the keys of denied and near-limit hits are ranked (`/top`).
     pub top: TopOptions,
+    /// Under failure mode `local`: how long a silent replica's share stays reserved.
+    pub replica_grace: Duration,
 }
 
 /// Default `LimiterOptions::local_cache_max_age`.
@@ -120,6 +129,7 @@ impl Default for LimiterOptions {
             local_cache_max_age: DEFAULT_LOCAL_CACHE_MAX_AGE,
             accounting: OnOverLimit::Reject,
             top: TopOptions::default(),
+            replica_grace: fallback::DEFAULT_GRACE,
         }
     }
 }
@@ -158,6 +168,8 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
     top: TopKeys,
     cache: Option<OverLimitCache>,
+    /// Under failure mode `local`: the registry and the memory a cut-off replica decides from.
+    local: Option<LocalFallback>,
     options: LimiterOptions,
 }
 
@@ -184,8 +196,16 @@ impl Limiter {
             metrics,
             top: TopKeys::new(options.top),
             cache,
+            local: (options.failure_mode == FailureMode::Local)
+                .then(|| LocalFallback::new(options.replica_grace)),
             options,
         }
+    }
+
+    /// Under failure mode `local`: the registry and the memory a cut-off replica decides
+    /// from.
+    pub fn local_fallback(&self) -> Option<&LocalFallback> {
+        self.local.as_ref()
     }
 
     /// Swaps in new rules atomically; requests in flight finish on the old ones.
@@ -300,11 +320,22 @@ impl Limiter {
                 prior.add(limited.weight, outcome.allowed);
             }
         }
-        let (pending, items): (Vec<usize>, Vec<Item>) = slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, slot)| Some((i, slot.pending_item()?)))
-            .unzip();
+        // While replicas are silent (failure mode `local`), Redis decides with the live
+        // replicas' share; a charge whose share rounds to nothing is denied here.
+        let reserved = self.local.as_ref().and_then(LocalFallback::reserved);
+        let (mut pending, mut items) = (Vec::new(), Vec::new());
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let Some(item) = slot.pending_item() else {
+                continue;
+            };
+            if reserved.is_some_and(|share| share.apply(&item).is_none()) {
+                prior.add(item.weight, false);
+                slot.outcome = Some(always_over(&item.charge.policy));
+                continue;
+            }
+            pending.push(i);
+            items.push(item);
+        }
         let group = (!pending.is_empty()).then(|| Group {
             items,
             prior,
@@ -325,30 +356,71 @@ impl Limiter {
         });
         let asked_at = Instant::now();
         let live = match &group {
-            Some(group) => Some(self.backend_call(work_ends, group).await),
+            Some(_) if self.local.as_ref().is_some_and(LocalFallback::is_cut_off) => {
+                Some(Err(BackendError::Unavailable("cut off from Redis".into())))
+            }
+            Some(group) => {
+                let result = self.backend_call(work_ends, group, reserved).await;
+                if let Some(local) = &self.local {
+                    let lost = matches!(
+                        result,
+                        Err(BackendError::Timeout | BackendError::Unavailable(_))
+                    );
+                    local.note(!lost);
+                }
+                Some(result)
+            }
             None => None,
         };
+        let mut local = false;
         match live {
-            Some(Ok(outcomes)) => {
-                for (&i, outcome) in pending.iter().zip(outcomes) {
-                    let slot = &mut slots[i];
-                    if let Some(limited) = slot.limited() {
-                        limited.record(&outcome, false, &request.descriptors[i].entries);
-                    }
-                    slot.outcome = Some(outcome);
-                    slot.asked_at = Some(asked_at);
-                }
-            }
+            Some(Ok(outcomes)) => self.settle(request, &mut slots, &pending, outcomes, asked_at),
             Some(Err(error)) => {
-                self.apply_failure_mode(error, &mut slots, &pending)?;
+                let decided = match (&self.local, &group) {
+                    (Some(fallback), Some(group)) => fallback.decide(group).await,
+                    _ => None,
+                };
+                match decided {
+                    Some(Ok(outcomes)) => {
+                        self.metrics.failure_mode_used(FailureMode::Local.as_str());
+                        // An item whose share rounds to nothing is denied as `L = 0` is.
+                        let outcomes = (outcomes.into_iter().zip(&pending))
+                            .map(|(outcome, &i)| outcome.or_else(|| slots[i].zero_outcome()))
+                            .collect::<Option<Vec<Outcome>>>()
+                            .unwrap_or_default();
+                        self.settle(request, &mut slots, &pending, outcomes, asked_at);
+                        local = true;
+                    }
+                    _ => self.apply_failure_mode(error, &mut slots, &pending)?,
+                }
             }
             None => {}
         }
-        let response = self.finish(&slots);
+        let mut response = self.finish(&slots);
+        response.local = local;
         if let Some(verdict) = live_verdict {
             let _ = verdict.send(response.overall == Code::OverLimit);
         }
         Ok(response)
+    }
+
+    /// Records the `outcomes` of the `pending` slots' charges, asked at `asked_at`.
+    fn settle(
+        &self,
+        request: &Request,
+        slots: &mut [Slot],
+        pending: &[usize],
+        outcomes: Vec<Outcome>,
+        asked_at: Instant,
+    ) {
+        for (&i, outcome) in pending.iter().zip(outcomes) {
+            let slot = &mut slots[i];
+            if let Some(limited) = slot.limited() {
+                limited.record(&outcome, false, &request.descriptors[i].entries);
+            }
+            slot.outcome = Some(outcome);
+            slot.asked_at = Some(asked_at);
+        }
     }
 
     /// Resolves every descriptor to a plan, applying `replaces` across the request.
@@ -428,12 +500,22 @@ impl Limiter {
             .collect()
     }
 
-    /// Runs the request's backend call, ending at `limit`, and checks its answer's shape.
+    /// Runs the request's backend call, ending at `limit`, with `reserved` of each limit
+    /// when some, and checks its answer's shape.
     async fn backend_call(
         &self,
         limit: Instant,
         group: &Group,
+        reserved: Option<Share>,
     ) -> Result<Vec<Outcome>, BackendError> {
+        let held;
+        let group = match reserved {
+            Some(share) => {
+                held = fallback::scaled(group, share);
+                &held
+            }
+            None => group,
+        };
         let started = Instant::now();
         // A child of the call's span when it is traced; a disabled span (no allocation)
         // otherwise.
@@ -497,6 +579,7 @@ impl Limiter {
             }
         }
         Response {
+            local: false,
             overall: if rejected { Code::OverLimit } else { Code::Ok },
             statuses: slots.iter().map(|slot| slot.status(rejected)).collect(),
         }

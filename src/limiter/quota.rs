@@ -98,7 +98,7 @@ impl Limiter {
             Instant::now(),
             self.options.backend_timeout,
         );
-        self.backend_call(work_ends, &group).await
+        self.backend_call(work_ends, &group, None).await
     }
 
     /// Applies a quota stream's refunds (a stream that ends takes its fairness counts out

@@ -181,6 +181,8 @@ pub struct Response {
     pub overall: Code,
     /// One status per request descriptor, in request order.
     pub statuses: Vec<Status>,
+    /// Decided from this replica's memory, cut off from Redis (failure mode `local`).
+    pub local: bool,
 }
 
 /// `ceil(ms / 1000)`: `duration_until_reset` (docs/algorithms.md#time-and-resets).

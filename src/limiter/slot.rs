@@ -230,6 +230,11 @@ impl Slot {
         }
     }
 
+    /// The outcome of a rule with `L = 0` under this slot's policy, for a counted rule.
+    pub(super) fn zero_outcome(&self) -> Option<Outcome> {
+        self.limited().map(|limited| always_over(&limited.policy))
+    }
+
     /// The descriptor's status; `rejected` says whether its request ends over limit.
     pub(super) fn status(&self, rejected: bool) -> Status {
         let (Some(limited), Some(outcome)) = (self.limited(), &self.outcome) else {

@@ -134,6 +134,9 @@ pub struct Metrics {
     pub config_load_error: Counter,
     /// Rules in the active config.
     pub loaded_rules: Gauge,
+    /// Replicas the registry of failure mode `local` heard from lately (`live`), and within
+    /// the grace that keeps a silent replica's share reserved (`known`).
+    pub replicas: Family<KindLabels, Gauge>,
     /// Domains in the active config (0: no limit applies, e.g. an empty xDS snapshot).
     pub loaded_domains: Gauge,
     /// Decisions answered from the local over-limit cache.
@@ -314,6 +317,7 @@ impl Metrics {
             config_load_success: Counter::default(),
             config_load_error: Counter::default(),
             loaded_rules: Gauge::default(),
+            replicas: Family::default(),
             loaded_domains: Gauge::default(),
             local_cache_hits: Counter::default(),
             invalid_requests: Counter::default(),
@@ -377,6 +381,11 @@ impl Metrics {
             "loaded_domains",
             "Domains in the active config; 0 means no rate limit applies",
             metrics.loaded_domains.clone(),
+        );
+        fg.register(
+            "replicas",
+            "Replicas sharing the limits under failure mode local, by kind (live, known)",
+            metrics.replicas.clone(),
         );
         fg.register(
             "loaded_rules",
@@ -592,6 +601,17 @@ impl Metrics {
                 kind: kind.to_owned(),
             })
             .inc();
+    }
+
+    /// Sets the replica registry's counts.
+    pub fn replicas_seen(&self, live: u32, known: u32) {
+        for (kind, count) in [("live", live), ("known", known)] {
+            self.replicas
+                .get_or_create(&KindLabels {
+                    kind: kind.to_owned(),
+                })
+                .set(i64::from(count));
+        }
     }
 
     /// Counts one request answered by the failure mode.

@@ -167,6 +167,7 @@ mod tests {
                 ),
                 Status::unmatched(),
             ],
+            local: false,
         };
         let request = RateLimitRequest {
             domain: "d".into(),
@@ -213,6 +214,7 @@ mod tests {
         let response = Response {
             overall: Code::Ok,
             statuses: vec![Status::unmatched(), Status::unmatched()],
+            local: false,
         };
         let built = to_json(&build(&request, &response));
         assert_eq!(

@@ -266,6 +266,7 @@ impl RlsService {
         let response = Response {
             overall: status.code,
             statuses: vec![status; descriptors],
+            local: false,
         };
         metrics.decided(match response.overall {
             Code::Ok => "OK",
@@ -424,6 +425,11 @@ pub fn to_proto_response(response: &Response, header_mode: HeaderMode) -> RateLi
         statuses: response.statuses.iter().map(proto_status).collect(),
         response_headers_to_add: headers::build(header_mode, response)
             .into_iter()
+            .chain(
+                response
+                    .local
+                    .then(|| (headers::LOCAL_FALLBACK, "local".to_owned())),
+            )
             .map(|(key, value)| HeaderValue {
                 key: key.to_owned(),
                 value,
@@ -608,6 +614,7 @@ mod tests {
     fn week_limits_encode_as_unit_seven() {
         use crate::limiter::CurrentLimit;
         let response = Response {
+            local: false,
             overall: Code::Ok,
             statuses: vec![Status {
                 code: Code::Ok,

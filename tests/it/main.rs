@@ -18,6 +18,7 @@ mod cluster_faults;
 mod config;
 mod conformance;
 mod dynamic_metadata;
+mod fallback;
 mod fuzz;
 mod gateway;
 mod hostile;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::redis::RedisServer;
 use common::{
-    TestServer, descriptor, eventually, http, redis_options, request, scrape, should_rate_limit,
+    TestServer, descriptor, eventually, http, redis_options, request, sample, scrape,
+    should_rate_limit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::backend::BackendSettings;
@@ -75,10 +76,22 @@ async fn outage_flips_health_and_applies_each_failure_mode() {
         (FailureMode::Error, server(&redis, FailureMode::Error).await),
         (FailureMode::Allow, server(&redis, FailureMode::Allow).await),
         (FailureMode::Deny, server(&redis, FailureMode::Deny).await),
+        (FailureMode::Local, server(&redis, FailureMode::Local).await),
     ];
     for (_, server) in &servers {
         wait_health(server, 200).await;
     }
+    // The local replica knows its share once the registry has answered it.
+    let local = &servers[3].1;
+    assert!(
+        eventually(Duration::from_secs(10), async || {
+            sample(
+                &scrape(local.http).await,
+                "floodgate_replicas{kind=\"known\"}",
+            ) == Some(1.0)
+        })
+        .await
+    );
     redis.stop();
     for (mode, server) in &servers {
         let mut client = server.client().await;
@@ -99,8 +112,24 @@ async fn outage_flips_health_and_applies_each_failure_mode() {
                 let response = result.expect("deny mode answers").into_inner();
                 assert_eq!(response.overall_code, Code::OverLimit as i32);
             }
+            FailureMode::Local => {
+                // Alone in the registry: the whole limit, from memory, and still ready.
+                let response = result.expect("local mode answers").into_inner();
+                assert_eq!(response.overall_code, Code::Ok as i32);
+                assert!(response.statuses[0].current_limit.is_some());
+                assert!(
+                    response
+                        .response_headers_to_add
+                        .iter()
+                        .any(|header| header.key == "x-floodgate-fallback")
+                );
+            }
         }
-        wait_health(server, 503).await;
+        if *mode == FailureMode::Local {
+            wait_health(server, 200).await;
+        } else {
+            wait_health(server, 503).await;
+        }
         let text = scrape(server.http).await;
         let mode_name = format!("{mode:?}").to_lowercase();
         assert!(

@@ -50,7 +50,7 @@ use super::calls::Call;
 use super::errors;
 use super::scripts::{ScriptSet, Scripting};
 use super::{RedisOptions, config_error};
-use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
+use crate::backend::{Backend, BackendError, Group, Outcome, Refund, SideCall, side_call};
 use crate::redact::{Redacted, Secrets};
 use refresh::Topology;
 
@@ -225,6 +225,24 @@ impl Backend for ClusterBackend {
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), BackendError> {
         self.0.refund(refunds).await
+    }
+
+    /// Routed by its keys' hash tag, bounded by the backend's timeout.
+    async fn side_call(&self, call: &SideCall) -> Result<Value, BackendError> {
+        let cluster = &self.0;
+        let work_ends = Instant::now() + cluster.options.timeout;
+        let prefix = &cluster.options.key_prefix;
+        let mut conn = cluster.conn.clone();
+        for by_text in [false, true] {
+            let cmd = call.command(prefix, by_text);
+            match timeout_at(work_ends, cmd.query_async::<Value>(&mut conn)).await {
+                Err(_) => return Err(BackendError::Timeout),
+                Ok(Err(e)) if e.code() == Some("NOSCRIPT") && !by_text => {}
+                Ok(Err(e)) => return Err(cluster.secrets.scrub(errors::classify(&e))),
+                Ok(Ok(value)) => return side_call::reply(Some(value)),
+            }
+        }
+        Err(BackendError::failed("the node refused the script"))
     }
 
     /// PING goes to every master and the first answer counts: the cluster is reachable while

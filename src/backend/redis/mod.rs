@@ -159,6 +159,11 @@ pub(crate) async fn settle_scripting<'a>(
     Ok(Scripting::Evalsha)
 }
 
+/// A server's error reply as a backend error.
+pub(crate) fn server_error(error: redis::ServerError) -> BackendError {
+    errors::server_error(&redis::RedisError::from(error))
+}
+
 pub(crate) fn config_error(what: &str) -> BackendError {
     BackendError::Config(what.to_owned())
 }

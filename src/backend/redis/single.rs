@@ -30,7 +30,7 @@ use super::calls::{self, Call, GroupWords};
 use super::errors;
 use super::scripts::{ScriptSet, Scripting, Via};
 use super::sentinel::{Master, SentinelSettings};
-use crate::backend::{Backend, BackendError, Group, Outcome, Refund};
+use crate::backend::{Backend, BackendError, Group, Outcome, Refund, SideCall, side_call};
 use crate::redact::{Redacted, Secrets};
 
 /// How long a connection may deliver no reply at all, while its calls time out, before it
@@ -545,6 +545,28 @@ impl Backend for RedisBackend {
             calls::refunded(value).map_err(|e| node.secrets.scrub(e))?;
         }
         Ok(())
+    }
+
+    /// On a pooled connection, bounded by the backend's timeout.
+    async fn side_call(&self, call: &SideCall) -> Result<Value, BackendError> {
+        let node = &self.node;
+        let work_ends = Instant::now() + node.options.timeout;
+        let mut conn = node.borrow(work_ends).await?;
+        let mut last = None;
+        for by_text in [false, true] {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            pipe.add_command(call.command(&node.options.key_prefix, by_text));
+            let mut values = conn
+                .query(&pipe, work_ends)
+                .await
+                .map_err(|e| node.secrets.scrub(e))?;
+            last = values.pop();
+            if !last.as_ref().is_some_and(side_call::is_noscript) {
+                break;
+            }
+        }
+        side_call::reply(last).map_err(|e| node.secrets.scrub(e))
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

@@ -11,12 +11,16 @@ ARGV[1]  the words below, one string of 8-byte little-endian signed integers (st
          from decimal.
 G: the number of groups (requests)
 P: the number of distinct policies the items use, each sent once
-then per policy, 9 values:
+then per policy, 10 values:
   algorithm  1..4, the index in ALGORITHMS
   quota      1 = a quota_mode rule
   shadow     1 = a shadow_mode rule (its denial never rejects the request)
   W L B consume lockout   as ARGV[3..7] of the algorithm scripts
   spread     as ARGV[8] of a charge
+  lease      0, or for a global rule (scope: global) 1 + its region's base lease: the item
+             decides with the lease its region holds, field `l` of `<key>:lease` (lua/lease.lua),
+             the base while there is none; B scaled alike. A lease under 1 denies, booking
+             nothing.
 then per group:
   m          its item count, written -m when 4 values of verdicts known without Redis follow:
     admit    1 = the request is admitted whatever it decides (global shadow mode)
@@ -73,8 +77,8 @@ for p = 1, words[2] do
   policies[p] = {run = run, quota = words[arg + 1] == 1, shadow = words[arg + 2] == 1,
     W = words[arg + 3], L = words[arg + 4], B = words[arg + 5],
     consume = words[arg + 6] == 1 and '1' or '0', lockout = words[arg + 7],
-    spread = string.format('%d', words[arg + 8])}
-  arg = arg + 9
+    spread = string.format('%d', words[arg + 8]), lease = words[arg + 9]}
+  arg = arg + 10
 end
 
 -- One KEYS table and one ARGV table carry every charge: an algorithm reads its arguments
@@ -83,21 +87,35 @@ end
 local charge_keys = {}
 local charge_args = {'charge', 0, 0, 0, 0, '0', 0, '0', '0'}
 
--- Charges bucket KEYS[key] with cost n under policy: pcall's ok and the algorithm's reply.
-local function charge(policy, key, n)
+-- The limit and burst bucket KEYS[key] decides with under policy: a global rule's from its
+-- region's lease (the lease and the bucket share one hash tag, so one slot).
+local function limits(policy, key)
+  if policy.lease == 0 then
+    return policy.L, policy.B
+  end
+  local lease = tonumber(redis.call('HGET', KEYS[key] .. ':lease', 'l')) or (policy.lease - 1)
+  return lease, math.floor(policy.B * lease / policy.L)
+end
+
+-- Charges bucket KEYS[key] with cost n under policy, with limit l and burst b: pcall's ok
+-- and the algorithm's reply (a lease of nothing denies without a call).
+local function charge(policy, key, n, l, b)
+  if l < 1 or b < 1 then
+    return true, {0, 0, policy.W, now, 0}
+  end
   charge_keys[1] = KEYS[key]
-  charge_args[2], charge_args[3], charge_args[4] = n, policy.W, policy.L
-  charge_args[5], charge_args[6], charge_args[7] = policy.B, policy.consume, policy.lockout
+  charge_args[2], charge_args[3], charge_args[4] = n, policy.W, l
+  charge_args[5], charge_args[6], charge_args[7] = b, policy.consume, policy.lockout
   charge_args[8] = policy.spread
   return pcall(policy.run, charge_keys, charge_args)
 end
 
--- Undoes the booking that reply reports for bucket KEYS[key] (cost n, under policy) at its
--- instant (refund id 0), when it made one under reject.
-local function undo(policy, key, n, reply)
+-- Undoes the booking that reply reports for bucket KEYS[key] (cost n, under policy with
+-- limit l and burst b) at its instant (refund id 0), when it made one under reject.
+local function undo(policy, key, n, l, b, reply)
   if reply[1] == 1 and reply[5] == 1 and n ~= 0 and policy.consume ~= '1' then
-    local ok, undone = pcall(policy.run, {KEYS[key]}, {'refund', n, policy.W, policy.L,
-      policy.B, policy.consume, policy.lockout, string.format('%d', reply[4]), '0'})
+    local ok, undone = pcall(policy.run, {KEYS[key]}, {'refund', n, policy.W, l,
+      b, policy.consume, policy.lockout, string.format('%d', reply[4]), '0'})
     return ok and not undone.err
   end
   return false
@@ -110,8 +128,9 @@ local function item(first_arg, first_key, i)
   return policies[words[at]], first_key + i - 1, words[at + 1]
 end
 
--- The replies of the current group's items, in order (reused by every group).
-local replies = {}
+-- The replies of the current group's items, in order, and the limit and burst each
+-- decided with (reused by every group).
+local replies, ls, bs = {}, {}, {}
 
 for _ = 1, words[1] do
   local m = words[arg]
@@ -133,11 +152,15 @@ for _ = 1, words[1] do
     if not policy then
       return redis.error_reply('ERR floodgate batch: unknown policy')
     end
-    local ok, reply = charge(policy, at, n)
+    local ok, l, b = pcall(limits, policy, at)
+    local reply
+    if ok then
+      ok, reply = charge(policy, at, n, l, b)
+    end
     if not ok or reply.err then
       break
     end
-    replies[i] = reply
+    replies[i], ls[i], bs[i] = reply, l, b
     decided = i
     local denied = reply[1] == 0 and not policy.shadow
     if policy.quota then
@@ -155,7 +178,7 @@ for _ = 1, words[1] do
     -- This request fails alone: its other items are skipped, what it booked is undone.
     for i = 1, decided do
       local policy, at, n = item(first_arg, first_key, i)
-      undo(policy, at, n, replies[i])
+      undo(policy, at, n, ls[i], bs[i], replies[i])
     end
     for _ = 1, m do
       out[#out + 1] = -1
@@ -170,7 +193,7 @@ for _ = 1, words[1] do
       -- Undoable: it fitted and booked a positive cost under reject (not consume).
       if rejected then
         local policy, at, n = item(first_arg, first_key, i)
-        if undo(policy, at, n, reply) then
+        if undo(policy, at, n, ls[i], bs[i], reply) then
           reply[5] = 0
           rolled_back = 1
         end

@@ -376,6 +376,7 @@ mod tests {
             detailed_metric: false,
             value_to_metric: false,
             metadata: None,
+            global: false,
         })
     }
 

@@ -310,6 +310,9 @@ pub struct Rule {
     /// The descriptor's free-form `metadata`, returned in the response's dynamic metadata
     /// while the rule is not over its limit (`--response-dynamic-metadata`).
     pub metadata: Option<Arc<Metadata>>,
+    /// `scope: global`: one budget across regions, each region deciding within its lease
+    /// (`limiter::regions`); otherwise each region's Redis keeps the whole limit.
+    pub global: bool,
 }
 
 /// A rule's `metadata` mapping as JSON-like data (keys are strings, as in a protobuf

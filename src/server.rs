@@ -20,6 +20,7 @@ use crate::backend::{self, Backend, BackendError, BackendSettings};
 use crate::config::{self, ConfigErrors};
 use crate::headers::HeaderMode;
 use crate::health::Health;
+use crate::limiter::regions::{RegionSettings, Regions};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::listener::{self, GrpcLimits, ResetCounter, UnixSocketListener};
 use crate::matcher::Matcher;
@@ -90,6 +91,8 @@ pub struct Settings {
     pub statsd: Option<StatsdSettings>,
     /// The quota service (RLQS) served beside RLS.
     pub rlqs: RlqsSettings,
+    /// One budget across regions (`--region`), when on.
+    pub regions: Option<RegionSettings>,
 }
 
 /// Serving and readiness without rules, as the reference's `FORCE_START_WITHOUT_INITIAL_CONFIG`
@@ -195,12 +198,16 @@ impl Server {
             }
             None => None,
         };
-        let limiter = Arc::new(Limiter::new(
+        let mut limiter = Limiter::new(
             Matcher::new(domains),
             Arc::clone(&backend),
             metrics,
             options,
-        ));
+        );
+        if let Some(regions) = &settings.regions {
+            limiter = limiter.with_regions(Arc::new(Regions::connect(regions).await?));
+        }
+        let limiter = Arc::new(limiter);
         limiter.replace_candidates(candidates);
         let xds = settings
             .xds
@@ -302,6 +309,13 @@ impl Server {
             .map(|local| Arc::clone(local.registry()));
         let heartbeat = registry.clone().map(|registry| {
             tokio::spawn(registry.run(
+                Arc::clone(&self.backend),
+                Arc::clone(self.limiter.metrics()),
+            ))
+        });
+        // Regions: every period, demand out, leases in and out.
+        let leases = self.limiter.regions().map(|regions| {
+            tokio::spawn(Arc::clone(regions).run(
                 Arc::clone(&self.backend),
                 Arc::clone(self.limiter.metrics()),
             ))
@@ -425,6 +439,9 @@ impl Server {
         }
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
+        }
+        if let Some(leases) = leases {
+            leases.abort();
         }
         if let Some(registry) = registry {
             // Drained: nothing more is decided here, so nobody need keep this share.

@@ -211,6 +211,7 @@ pub fn overview(state: &AdminState) -> Value {
             "reports": metrics.rlqs.reports.get(),
             "assignments": assignments,
         },
+        "regions": limiter.regions().map(|regions| regions.overview()),
     })
 }
 

@@ -83,6 +83,10 @@ impl Backend for Deferred {
         self.name
     }
 
+    async fn side_call(&self, call: &super::SideCall) -> Result<::redis::Value, BackendError> {
+        self.backend()?.side_call(call).await
+    }
+
     fn queue_wait(&self, items: usize) -> std::time::Duration {
         self.backend().map_or(std::time::Duration::ZERO, |backend| {
             backend.queue_wait(items)

@@ -81,6 +81,17 @@ impl BucketKey {
         &self.0
     }
 
+    /// The 16 bytes in base64url, as inside the storage key's braces.
+    pub fn hash_text(&self) -> String {
+        URL_SAFE_NO_PAD.encode(self.0)
+    }
+
+    /// The bucket whose [`BucketKey::hash_text`] is `text`.
+    pub fn from_hash_text(text: &str) -> Option<BucketKey> {
+        let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
+        Some(BucketKey(bytes.try_into().ok()?))
+    }
+
     /// The storage key: `<prefix>:{<base64url of the 16 bytes>}` (the prefix is
     /// [`DEFAULT_KEY_PREFIX`] unless configured).
     ///

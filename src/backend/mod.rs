@@ -252,6 +252,10 @@ pub struct Item {
     pub charge: Charge,
     /// How its verdict counts toward the overall code.
     pub weight: Weight,
+    /// A global rule's (`scope: global`): this region's part of the limit before any
+    /// transfer. Redis then decides with the lease its region holds now, and the memory
+    /// backend, which has no regions, with the whole limit (`limiter::regions`).
+    pub lease: Option<u32>,
 }
 
 /// The charges of one request, decided all-or-nothing: when the request ends over limit,
@@ -284,6 +288,7 @@ impl Group {
                 .map(|charge| Item {
                     charge: charge.clone(),
                     weight: Weight::default(),
+                    lease: None,
                 })
                 .collect(),
             admit: true,

@@ -192,6 +192,7 @@ mod tests {
                 spread_ms: 0,
             },
             weight: Weight::default(),
+            lease: None,
         }
     }
 

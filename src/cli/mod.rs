@@ -25,6 +25,7 @@ mod error;
 mod grpc_args;
 mod plaintext;
 mod redis_url;
+mod region_args;
 mod rlqs_args;
 mod statsd_args;
 mod topology_args;
@@ -41,6 +42,7 @@ pub use grpc_args::{
     DEFAULT_GRPC_MAX_CONNECTION_AGE_GRACE, GrpcArgs,
 };
 pub use redis_url::RedisUrl;
+pub use region_args::RegionArgs;
 pub use rlqs_args::RlqsArgs;
 pub use statsd_args::StatsdArgs;
 pub use topology_args::TopologyArgs;
@@ -369,6 +371,9 @@ pub struct ServeArgs {
     /// The quota service (RLQS).
     #[command(flatten)]
     pub rlqs: RlqsArgs,
+    /// One budget across regions.
+    #[command(flatten)]
+    pub regions: RegionArgs,
     /// Redis Sentinel and a second backend for per-second rules.
     #[command(flatten)]
     pub topology: TopologyArgs,
@@ -458,6 +463,7 @@ impl ServeArgs {
                 )),
             },
         };
+        let regions = self.regions.settings(&backend)?;
         Ok(Settings {
             config_dir: self.config.clone(),
             candidate_dir: self.candidate_config.clone(),
@@ -499,6 +505,7 @@ impl ServeArgs {
             tracing: self.tracing.settings()?,
             statsd: self.statsd.settings()?,
             rlqs: self.rlqs.settings()?,
+            regions,
         })
     }
 

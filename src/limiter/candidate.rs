@@ -166,6 +166,7 @@ async fn decide(
                 spread_ms: 0,
             },
             weight: Weight::default(),
+            lease: None,
         })
         .collect();
     let wanted = items.len();

@@ -10,6 +10,7 @@ mod candidate;
 pub mod fallback;
 mod local_cache;
 mod quota;
+pub mod regions;
 pub mod request;
 mod resolve;
 mod rule_set;
@@ -28,12 +29,13 @@ use crate::matcher::Matcher;
 use crate::metrics::Metrics;
 use crate::otel;
 use crate::overload::{self, Caller, ShedReason};
-use crate::rules::{Algorithm, Limit, OnOverLimit, Policy};
+use crate::rules::{Algorithm, Limit, OnOverLimit, Policy, Rule};
 use crate::top::{TopKeys, TopOptions};
 use candidate::CandidateSet;
 use fallback::{LocalFallback, Share};
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
+use regions::Regions;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 use resolve::{Resolved, resolve};
 use rule_set::RuleSet;
@@ -170,6 +172,8 @@ pub struct Limiter {
     cache: Option<OverLimitCache>,
     /// Under failure mode `local`: the registry and the memory a cut-off replica decides from.
     local: Option<LocalFallback>,
+    /// With `--region`: the leases of global rules.
+    regions: Option<Arc<Regions>>,
     options: LimiterOptions,
 }
 
@@ -198,8 +202,22 @@ impl Limiter {
             cache,
             local: (options.failure_mode == FailureMode::Local)
                 .then(|| LocalFallback::new(options.replica_grace)),
+            regions: None,
             options,
         }
+    }
+
+    /// The limiter deciding global rules within `regions`' lease.
+    pub fn with_regions(self, regions: Arc<Regions>) -> Limiter {
+        Limiter {
+            regions: Some(regions),
+            ..self
+        }
+    }
+
+    /// With `--region`: the leases of global rules.
+    pub fn regions(&self) -> Option<&Arc<Regions>> {
+        self.regions.as_ref()
     }
 
     /// Under failure mode `local`: the registry and the memory a cut-off replica decides
@@ -482,6 +500,7 @@ impl Limiter {
                     quota: rule.quota_mode || self.options.quota_mode,
                     shadow: rule.shadow_mode,
                 };
+                let lease = self.lease(&rule, domain, bucket, &policy, descriptor.cost);
                 let limited = Limited {
                     rule,
                     policy,
@@ -490,6 +509,7 @@ impl Limiter {
                     counters,
                     weight,
                     ranking,
+                    lease,
                 };
                 if policy.requests_per_unit == 0 {
                     Plan::Zero(limited)
@@ -498,6 +518,22 @@ impl Limiter {
                 }
             })
             .collect()
+    }
+
+    /// A global rule's base lease in this region, counting `cost` in its demand; `None`
+    /// for a rule of one region, or without `--region`.
+    fn lease(
+        &self,
+        rule: &Rule,
+        domain: &str,
+        bucket: crate::backend::BucketKey,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<u32> {
+        let regions = self.regions.as_ref()?;
+        let global = rule.global || regions.is_global_domain(domain);
+        (global && policy.requests_per_unit > 0)
+            .then(|| regions.offered(bucket, policy, rule.display_name(), cost))
     }
 
     /// Runs the request's backend call, ending at `limit`, with `reserved` of each limit

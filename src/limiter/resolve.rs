@@ -104,5 +104,6 @@ fn override_rule(
         detailed_metric: false,
         value_to_metric: false,
         metadata: None,
+        global: false,
     }
 }

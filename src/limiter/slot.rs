@@ -34,6 +34,8 @@ pub(super) struct Limited {
     /// How its verdict weighs: the rule's modes, with global quota mode applied.
     pub(super) weight: Weight,
     pub(super) ranking: Option<Ranking>,
+    /// A global rule's base lease in this region (`regions`), else `None`.
+    pub(super) lease: Option<u32>,
 }
 
 impl Limited {
@@ -47,6 +49,7 @@ impl Limited {
                 spread_ms: 0,
             },
             weight: self.weight,
+            lease: self.lease,
         }
     }
 

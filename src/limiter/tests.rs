@@ -27,6 +27,7 @@ fn rule(path: &str, policy: Policy) -> Rule {
         detailed_metric: false,
         value_to_metric: false,
         metadata: None,
+        global: false,
     }
 }
 

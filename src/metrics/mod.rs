@@ -137,6 +137,12 @@ pub struct Metrics {
     /// Replicas the registry of failure mode `local` heard from lately (`live`), and within
     /// the grace that keeps a silent replica's share reserved (`known`).
     pub replicas: Family<KindLabels, Gauge>,
+    /// Lease moved between regions, in a limit's units, by kind (`granted`, `received`).
+    pub region_transfers: Family<KindLabels, Counter>,
+    /// Peer regions by kind (`reachable`, `unreachable`), as the latest period saw them.
+    pub region_peers: Family<KindLabels, Gauge>,
+    /// Global buckets this replica tracks.
+    pub region_buckets: Gauge,
     /// Domains in the active config (0: no limit applies, e.g. an empty xDS snapshot).
     pub loaded_domains: Gauge,
     /// Decisions answered from the local over-limit cache.
@@ -318,6 +324,9 @@ impl Metrics {
             config_load_error: Counter::default(),
             loaded_rules: Gauge::default(),
             replicas: Family::default(),
+            region_transfers: Family::default(),
+            region_peers: Family::default(),
+            region_buckets: Gauge::default(),
             loaded_domains: Gauge::default(),
             local_cache_hits: Counter::default(),
             invalid_requests: Counter::default(),
@@ -386,6 +395,21 @@ impl Metrics {
             "replicas",
             "Replicas sharing the limits under failure mode local, by kind (live, known)",
             metrics.replicas.clone(),
+        );
+        fg.register(
+            "region_transfers",
+            "Lease moved between regions, in a limit's units, by kind (granted, received)",
+            metrics.region_transfers.clone(),
+        );
+        fg.register(
+            "region_peers",
+            "Peer regions by kind (reachable, unreachable)",
+            metrics.region_peers.clone(),
+        );
+        fg.register(
+            "region_buckets",
+            "Global buckets this replica tracks",
+            metrics.region_buckets.clone(),
         );
         fg.register(
             "loaded_rules",
@@ -611,6 +635,26 @@ impl Metrics {
                     kind: kind.to_owned(),
                 })
                 .set(i64::from(count));
+        }
+    }
+
+    /// Counts `amount` of lease moved between regions, `granted` or `received`.
+    pub fn region_transfer(&self, kind: &str, amount: u64) {
+        self.region_transfers
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc_by(amount);
+    }
+
+    /// Sets how many peer regions answered the latest period.
+    pub fn region_peers_seen(&self, reachable: usize, unreachable: usize) {
+        for (kind, count) in [("reachable", reachable), ("unreachable", unreachable)] {
+            self.region_peers
+                .get_or_create(&KindLabels {
+                    kind: kind.to_owned(),
+                })
+                .set(count as i64);
         }
     }
 

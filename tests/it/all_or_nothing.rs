@@ -30,6 +30,7 @@ fn item(policy: Policy, value: &str, cost: u64, weight: Weight) -> Item {
             spread_ms: 0,
         },
         weight,
+        lease: None,
     }
 }
 

@@ -81,6 +81,7 @@ pub(crate) async fn requests_share_one_fcall_per_master(engine: Engine) {
     group.items.push(Item {
         charge: charge(tight, "tight"),
         weight: Weight::default(),
+        lease: None,
     });
     let first = backend.decide(&group).await.unwrap();
     assert!(first.iter().all(|o| o.allowed));

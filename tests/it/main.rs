@@ -32,6 +32,7 @@ mod per_second;
 mod redis_backend;
 mod redis_service;
 mod reference_env;
+mod regions;
 mod reload;
 mod rlqs;
 mod rls;

@@ -609,6 +609,7 @@ async fn full_log_walks_do_not_stall_the_callers_beside_them() {
             .map(|_| Item {
                 charge: full.clone(),
                 weight: Weight::default(),
+                lease: None,
             })
             .collect(),
         ..Group::default()

@@ -186,8 +186,8 @@ struct ItemWords {
 }
 
 /// An entry of the batch script's policy table: `algorithm quota shadow W L B consume
-/// lockout spread`. Items of one rule (and spread) share it, so a batch sends it once.
-type PolicyWords = [u64; 9];
+/// lockout spread lease`. Items of one rule (and spread) share it, so a batch sends it once.
+type PolicyWords = [u64; 10];
 
 impl GroupWords {
     /// The words of `group`.
@@ -233,6 +233,7 @@ impl GroupWords {
                         consume,
                         lockout,
                         spread_word(charge.spread_ms) as u64,
+                        item.lease.map_or(0, |base| u64::from(base) + 1),
                     ],
                     cost: charge.cost,
                 }
@@ -617,6 +618,7 @@ mod tests {
         let item = |value, cost, quota, shadow| crate::backend::Item {
             charge: charge(value, cost),
             weight: crate::backend::Weight { quota, shadow },
+            lease: None,
         };
         let mut group = Group {
             items: vec![item("a", 2, true, false), item("b", 0, false, true)],
@@ -665,6 +667,7 @@ mod tests {
                 quota,
                 shadow: false,
             },
+            lease: None,
         };
         let items = [item("a", true), item("b", false)];
         let part = GroupWords::independent(items.iter());
@@ -761,7 +764,7 @@ mod tests {
     #[test]
     fn a_batch_sends_each_policy_once_however_many_there_are() {
         let mut table = PolicyTable::default();
-        let words = |i: u64| [1, 0, 0, 1000, i, i, 0, 0, 0];
+        let words = |i: u64| [1, 0, 0, 1000, i, i, 0, 0, 0, 0];
         let first: Vec<u64> = (0..20).map(|i| table.number(words(i))).collect();
         assert_eq!(first, (1..=20).collect::<Vec<_>>());
         let again: Vec<u64> = (0..20).rev().map(|i| table.number(words(i))).collect();

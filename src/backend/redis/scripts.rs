@@ -127,6 +127,14 @@ const BATCH: &str = concat!(
     include_str!("../../../lua/batch.lua"),
 );
 
+/// The lease script of a global rule (lua/lease.lua), with the algorithms it peeks and
+/// rescales through, run beside the decisions (`backend::SideCall`).
+pub const LEASE: &str = concat!(
+    once_per_call!(),
+    algorithms!(),
+    include_str!("../../../lua/lease.lua"),
+);
+
 /// The function library's code after its clock function (see `Library`): the helpers and
 /// the algorithms, defined once at `FUNCTION LOAD`; `now` and the bucket cache are
 /// library-wide variables that each function sets first (`tick`: Redis runs one function at a

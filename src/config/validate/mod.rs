@@ -155,6 +155,23 @@ impl Validator<'_> {
         level
     }
 
+    /// `scope`: `region` (the default: each region's Redis keeps the whole limit) or
+    /// `global` (one budget across regions); true for `global`.
+    fn scope(&mut self, rate_limit: &mut Map) -> bool {
+        match self.read.text(rate_limit, "scope") {
+            Field::Is(scope) if scope == "global" => true,
+            Field::Is(scope) if scope != "region" => {
+                self.read.rule(
+                    rate_limit,
+                    Some("scope"),
+                    format!("unknown scope `{scope}`: expected `region` or `global`"),
+                );
+                false
+            }
+            _ => false,
+        }
+    }
+
     fn descriptor(
         &mut self,
         mut map: Map,
@@ -182,6 +199,7 @@ impl Validator<'_> {
         if let Some(mut rate_limit) = self.read.child(&mut map, "rate_limit", Shape::RateLimit) {
             let name = self.read.text(&mut rate_limit, "name");
             let rl_quota_mode = flag(self, &mut rate_limit, "quota_mode");
+            let global = self.scope(&mut rate_limit);
             let limit = self.limit(&mut rate_limit);
             let own_name = name.get().filter(|name| !name.is_empty());
             let replaces = self.replaces(&mut rate_limit, own_name.map(String::as_str));
@@ -198,6 +216,7 @@ impl Validator<'_> {
                     detailed_metric,
                     value_to_metric,
                     metadata: metadata.map(|metadata| Arc::new(Metadata(metadata))),
+                    global,
                 })
             });
         }

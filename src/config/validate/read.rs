@@ -51,7 +51,7 @@ impl Shape {
             }
             Shape::RateLimit => {
                 "unit, requests_per_unit, unlimited, name, replaces, quota_mode, algorithm, \
-                 burst, unit_multiplier, on_over_limit, lockout_seconds"
+                 burst, unit_multiplier, on_over_limit, lockout_seconds, scope"
             }
             Shape::Replaces => "name",
         }

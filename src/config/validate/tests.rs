@@ -932,3 +932,20 @@ fn too_deep_a_file_is_one_error_with_its_line() {
     );
     rejects(&yaml, 4, "", "recursion limit exceeded");
 }
+
+#[test]
+fn scope_global_marks_a_rule_for_one_budget_across_regions() {
+    let yaml = "domain: g
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100, scope: global}
+  - key: zone
+    rate_limit: {unit: minute, requests_per_unit: 100, scope: region}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+    let rules = load(yaml);
+    let global = |key: &str| find(&rules.descriptors, key, None).rule.as_ref().unwrap().global;
+    assert!(global("tenant"));
+    assert!(!global("zone") && !global("plain"));
+}

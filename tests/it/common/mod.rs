@@ -155,6 +155,7 @@ pub fn settings(config_dir: &Path) -> Settings {
         tracing: None,
         statsd: None,
         rlqs: Default::default(),
+        regions: None,
     }
 }
 

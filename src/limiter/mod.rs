@@ -395,7 +395,18 @@ impl Limiter {
             Some(Ok(outcomes)) => self.settle(request, &mut slots, &pending, outcomes, asked_at),
             Some(Err(error)) => {
                 let decided = match (&self.local, &group) {
-                    (Some(fallback), Some(group)) => fallback.decide(group).await,
+                    (Some(fallback), Some(group)) => match &self.regions {
+                        // A global rule's share is of the region's lease, not the limit.
+                        Some(regions) => {
+                            let items = group.items.iter();
+                            let held = Group {
+                                items: items.map(|item| regions.held_to_last_lease(item)).collect(),
+                                ..group.clone()
+                            };
+                            fallback.decide(&held).await
+                        }
+                        None => fallback.decide(group).await,
+                    },
                     _ => None,
                 };
                 match decided {

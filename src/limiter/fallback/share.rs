@@ -30,6 +30,10 @@ impl Share {
     /// level in units of its own rate, so a changed limit would misread what it holds:
     /// its cost is scaled up instead (rounded up).
     pub fn apply(self, item: &Item) -> Option<Item> {
+        let policy = &item.charge.policy;
+        if policy.requests_per_unit == 0 || policy.burst == 0 {
+            return None;
+        }
         let mut item = item.clone();
         let charge = &mut item.charge;
         if charge.policy.algorithm == Algorithm::TokenBucket {

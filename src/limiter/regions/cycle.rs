@@ -16,6 +16,8 @@ use crate::rules::Policy;
 pub(super) struct View {
     /// Requests a window offered in this region.
     pub(super) demand_here: u64,
+    /// This region's lease as the period read it.
+    pub(super) lease_here: u64,
     /// Each region's lease and demand as read this period (those that answered).
     regions: Vec<(String, Holding)>,
     /// The latest transfer this period: (from, to, amount).
@@ -71,6 +73,7 @@ pub(super) async fn run(
     let mut own = here.sync(local, offered, &regions.replica).await?;
     let mut view = View {
         demand_here: per_window(own.demand),
+        lease_here: own.lease,
         regions: Vec::new(),
         transfer: None,
         at_ms: SystemClock.now_ms(),

@@ -170,6 +170,27 @@ impl Regions {
         self.base(&self.me, policy.requests_per_unit)
     }
 
+    /// `item` held to this region's lease as last read (its base before any period ran),
+    /// for a replica deciding from memory, cut off from its Redis; other items unchanged.
+    pub fn held_to_last_lease(&self, item: &crate::backend::Item) -> crate::backend::Item {
+        let mut item = item.clone();
+        let Some(base) = item.lease else {
+            return item;
+        };
+        let lease = self
+            .tracked
+            .lock()
+            .get(&item.charge.bucket)
+            .and_then(|entry| entry.view.as_ref().map(|view| view.lease_here))
+            .unwrap_or(u64::from(base));
+        let policy = &mut item.charge.policy;
+        let limit = u64::from(policy.requests_per_unit);
+        let held = lease.min(limit);
+        policy.burst = u32::try_from(u64::from(policy.burst) * held / limit.max(1)).unwrap_or(0);
+        policy.requests_per_unit = u32::try_from(held).unwrap_or(0);
+        item
+    }
+
     /// Runs a period every `period` until the task is dropped: each tracked bucket's demand
     /// goes to this region's Redis (`local`), and its lease moves.
     pub async fn run(self: Arc<Self>, local: Arc<dyn Backend>, metrics: Arc<Metrics>) {

@@ -286,6 +286,51 @@ descriptors:
         )],
     },
     Case {
+        source: "global-detailed-metric.yaml @ 580b7d9b (no routes file in the release): the \
+                 rule's own entry with an empty value (any value), detailed_metric on it, \
+                 every field Envoy Gateway writes, the route level's rate_limit null",
+        config: "
+name: first-listener
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    rate_limit: null
+    descriptors:
+      - key: rule-0-match-0
+        value: \"\"
+        rate_limit:
+          requests_per_unit: 5
+          unit: SECOND
+          unlimited: false
+          name: \"\"
+          replaces: []
+        descriptors: []
+        shadow_mode: false
+        quota_mode: false
+        detailed_metric: true
+        value_to_metric: false
+        share_threshold: false
+    shadow_mode: false
+    quota_mode: false
+    detailed_metric: false
+    value_to_metric: false
+    share_threshold: false
+",
+        expect: &[
+            // What the generic key action of a rule without selectors sends.
+            Expect::Admits(("first-listener", &[FIRST_ROUTE, RULE_0_MATCH_0]), 5),
+            Expect::Limit(
+                (
+                    "first-listener",
+                    &[FIRST_ROUTE, ("rule-0-match-0", "other")],
+                ),
+                5,
+                SECOND,
+            ),
+        ],
+    },
+    Case {
         source: "masked-remote-address-match.yaml @ 675bfdaf (routes @ 289852c4): a CIDR \
                  range, not distinct",
         config: "

@@ -21,7 +21,7 @@ pub struct RegionArgs {
     /// comma-separated seed URLs). Repeatable; in the variable, separated by spaces.
     #[arg(
         long = "peer-region",
-        env = "FLOODGATE_PEER_REGIONS",
+        env = "FLOODGATE_PEER_REGION",
         value_name = "NAME=URL",
         value_delimiter = ' '
     )]
@@ -33,7 +33,7 @@ pub struct RegionArgs {
     /// A domain whose every rule is global (rules from xDS carry no `scope`). Repeatable.
     #[arg(
         long = "global-domain",
-        env = "FLOODGATE_GLOBAL_DOMAINS",
+        env = "FLOODGATE_GLOBAL_DOMAIN",
         value_name = "DOMAIN",
         value_delimiter = ' '
     )]

@@ -187,7 +187,7 @@ fn every_serve_flag_has_its_env_var() {
         .get_arguments()
         .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
         .collect();
-    assert_eq!(flags.len(), 85);
+    assert_eq!(flags.len(), 90);
     for arg in flags {
         let long = arg.get_long().unwrap();
         let expected = format!("FLOODGATE_{}", long.to_uppercase().replace('-', "_"));
@@ -249,4 +249,81 @@ fn rlqs_flags_become_settings() {
         let args = serve(&["--rlqs-abandon-after", bad]);
         assert!(args.rlqs.settings().is_err(), "{bad}");
     }
+}
+
+#[test]
+fn region_flags_name_each_peer_on_the_backends_kind() {
+    let args = serve(&[
+        "--backend",
+        "redis-cluster",
+        "--redis-url",
+        "redis://127.0.0.1:7000",
+        "--region",
+        "eu",
+        "--peer-region",
+        "us=redis://10.0.0.1:7000,redis://10.0.0.2:7000",
+        "--peer-region",
+        "ap=redis://10.0.1.1:7000",
+        "--lease-period",
+        "500ms",
+        "--failure-mode",
+        "local",
+    ]);
+    let settings = args.settings().expect("valid");
+    let regions = settings.regions.expect("regions on");
+    assert_eq!(regions.name, "eu");
+    assert_eq!(regions.period, Duration::from_millis(500));
+    let names: Vec<&str> = regions
+        .peers
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(names, ["us", "ap"]);
+    match &regions.peers[0].1 {
+        BackendSettings::Cluster { urls, options } => {
+            assert_eq!(urls.len(), 2);
+            // A peer is far away: its calls are bounded by a period at least.
+            assert_eq!(options.timeout, Duration::from_millis(500));
+        }
+        other => panic!("a cluster peer, got {other:?}"),
+    }
+    assert_eq!(
+        settings.limiter.failure_mode,
+        crate::limiter::FailureMode::Local
+    );
+}
+
+#[test]
+fn region_flags_that_cannot_work_are_refused() {
+    let refused = |flags: &[&str]| serve(flags).settings().is_err();
+    // Peers without a region, a peer without its name, a region on the memory backend.
+    assert!(refused(&[
+        "--backend",
+        "redis",
+        "--peer-region",
+        "us=redis://h:1"
+    ]));
+    assert!(refused(&[
+        "--backend",
+        "redis",
+        "--region",
+        "eu",
+        "--peer-region",
+        "redis://h:1"
+    ]));
+    assert!(refused(&[
+        "--region",
+        "eu",
+        "--peer-region",
+        "us=redis://h:1"
+    ]));
+    assert!(refused(&["--failure-mode", "local"]));
+    assert!(refused(&[
+        "--backend",
+        "redis",
+        "--region",
+        "eu",
+        "--peer-region",
+        "eu=redis://h:1"
+    ]));
 }

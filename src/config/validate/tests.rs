@@ -945,7 +945,13 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
     let rules = load(yaml);
-    let global = |key: &str| find(&rules.descriptors, key, None).rule.as_ref().unwrap().global;
+    let global = |key: &str| {
+        find(&rules.descriptors, key, None)
+            .rule
+            .as_ref()
+            .unwrap()
+            .global
+    };
     assert!(global("tenant"));
     assert!(!global("zone") && !global("plain"));
 }

@@ -1,12 +1,14 @@
 // Opens the admin operator page (GET /) in headless Chromium and checks that it shows live data.
 //
-// Usage: node page_check.js --url URL --screenshot PATH --rule DOMAIN/RULE --key KEYTEXT
-//                           --candidate DOMAIN/RULE/NAME [--timeout-ms 20000]
+// Usage: node page_check.js --url URL --screenshot PATH --rule DOMAIN/RULE [--key KEYTEXT]
+//                           [--candidate DOMAIN/RULE/NAME] [--regions A,B,C] [--timeout-ms 20000]
 // Waits, within the timeout, until
 //   1. the `rules` table has a row data-rule=DOMAIN/RULE whose decisions/s cell is a number
 //      (so the page has polled twice and computed a rate);
-//   2. the `top-keys` table shows KEYTEXT;
-//   3. the `candidates` row data-candidate=DOMAIN/RULE/NAME shows a would-deny total above 0.
+//   2. (with --key) the `top-keys` table shows KEYTEXT;
+//   3. (with --candidate) the `candidates` row data-candidate=DOMAIN/RULE/NAME shows a
+//      would-deny total above 0;
+//   4. (with --regions) the `region-buckets` table has a row showing a lease for each region.
 // Then it saves a full-page screenshot to PATH, prints one JSON line (the rows it read and the
 // page's first-render time) and exits 0. It exits 1, naming the check, on a timeout, and also
 // when the page logged any console error or threw. The browser is Debian's Chromium
@@ -22,13 +24,13 @@ const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '
 function parseArgs(argv) {
   const opts = { timeoutMs: 20000 };
   const names = { '--url': 'url', '--screenshot': 'screenshot', '--rule': 'rule', '--key': 'key',
-    '--candidate': 'candidate', '--timeout-ms': 'timeoutMs' };
+    '--candidate': 'candidate', '--regions': 'regions', '--timeout-ms': 'timeoutMs' };
   for (let i = 0; i < argv.length; i += 2) {
     const name = names[argv[i]];
     if (!name || i + 1 >= argv.length) usage(`bad argument: ${argv[i]}`);
     opts[name] = name === 'timeoutMs' ? Number(argv[i + 1]) : argv[i + 1];
   }
-  for (const name of ['url', 'screenshot', 'rule', 'key', 'candidate']) {
+  for (const name of ['url', 'screenshot', 'rule']) {
     if (!opts[name]) usage(`missing --${name}`);
   }
   if (!(opts.timeoutMs > 0)) usage('--timeout-ms must be a positive number');
@@ -37,7 +39,8 @@ function parseArgs(argv) {
 
 function usage(message) {
   console.error(`page_check: ${message}\nusage: node page_check.js --url URL --screenshot PATH `
-    + '--rule DOMAIN/RULE --key KEYTEXT --candidate DOMAIN/RULE/NAME [--timeout-ms 20000]');
+    + '--rule DOMAIN/RULE [--key KEYTEXT] [--candidate DOMAIN/RULE/NAME] [--regions A,B] '
+    + '[--timeout-ms 20000]');
   process.exit(2);
 }
 
@@ -79,6 +82,20 @@ function readCandidate(candidate) {
   return { ok: true, row: got, flagged: row.classList.contains('flag') };
 }
 
+function readRegions(names) {
+  const table = document.getElementById('region-buckets');
+  if (!table) return { ok: false, why: 'no table#region-buckets on the page' };
+  if (document.getElementById('regions').hidden) return { ok: false, why: 'the regions section is hidden' };
+  const rows = [...table.tBodies[0].rows].filter((tr) => tr.dataset.bucket);
+  const row = rows.find((tr) => names.every((name) => tr.querySelector(`[data-region="${name}"]`)));
+  if (!row) return { ok: false, why: `no row of #region-buckets (${rows.length} rows) shows ${names.join(', ')}` };
+  const leases = Object.fromEntries(names.map((name) => {
+    const text = row.querySelector(`[data-region="${name}"]`).textContent.trim();
+    return [name, text];
+  }));
+  return { ok: true, row: { bucket: row.dataset.bucket, leases, note: document.getElementById('regions-note').textContent } };
+}
+
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
   const deadline = Date.now() + opts.timeoutMs;
@@ -106,7 +123,8 @@ async function main() {
       ['rules row with a decisions/s rate', readRule, opts.rule],
       ['top-keys shows the key', readTopKey, opts.key],
       ['candidate row with would-deny > 0', readCandidate, opts.candidate],
-    ];
+      ['a global bucket with every region\'s lease', readRegions, opts.regions && opts.regions.split(',')],
+    ].filter(([, , arg]) => arg);
     const read = {};
     for (const [name, fn, arg] of checks) {
       let got = { ok: false, why: 'not checked yet' };
@@ -132,8 +150,11 @@ async function main() {
       load_ms: read.readRule.first_render_ms,
       checks_ms: Date.now() - started,
       rule: { data_rule: opts.rule, ...read.readRule.row },
-      top_key: read.readTopKey.row,
-      candidate: { data_candidate: opts.candidate, flagged: read.readCandidate.flagged, ...read.readCandidate.row },
+      top_key: read.readTopKey?.row ?? null,
+      candidate: read.readCandidate
+        ? { data_candidate: opts.candidate, flagged: read.readCandidate.flagged, ...read.readCandidate.row }
+        : null,
+      regions: read.readRegions?.row ?? null,
       console_errors: consoleErrors,
     }));
     return null;

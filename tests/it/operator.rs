@@ -230,19 +230,6 @@ async fn candidate_rules_reload_and_a_bad_file_keeps_the_last_good_ones() {
 /// `target/artifacts/admin-page.png`.
 #[tokio::test]
 async fn the_page_shows_rules_top_keys_and_candidates_in_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let script = root.join("tests/clients/page_check.js");
-    let playwright = root.join("tests/clients/node_modules/playwright-core");
-    assert!(
-        playwright.exists(),
-        "playwright-core is not installed: run `make clients`"
-    );
-    let chromium = std::env::var_os("CHROMIUM").unwrap_or_else(|| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "Chromium is not installed ({}): apt-get install chromium",
-        chromium.to_string_lossy()
-    );
     let candidates = common::config_dir(&[("api.yaml", CANDIDATE)]);
     let server = start(Some(candidates.path()), |_| {}).await;
     let mut client = server.client().await;
@@ -256,36 +243,20 @@ async fn the_page_shows_rules_top_keys_and_candidates_in_chromium() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    let artifacts = root.join("target/artifacts");
-    std::fs::create_dir_all(&artifacts).unwrap();
-    let screenshot = artifacts.join("admin-page.png");
-    let mut command = std::process::Command::new("node");
-    command.arg(&script).args([
-        "--url",
+    let (seen, screenshot) = common::check_page(
         &server.http_url("/"),
-        "--screenshot",
-        screenshot.to_str().unwrap(),
-        "--rule",
-        "api/user",
-        "--key",
-        &hashed("user=mallory"),
-        "--candidate",
-        "api/user/stricter",
-        "--timeout-ms",
-        "30000",
-    ]);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .expect("node runs");
+        "admin-page.png",
+        &[
+            "--rule",
+            "api/user",
+            "--key",
+            &hashed("user=mallory"),
+            "--candidate",
+            "api/user/stricter",
+        ],
+    )
+    .await;
     traffic.abort();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "page check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     eprintln!(
         "admin page: first render {} ms; {}",
         seen["load_ms"],

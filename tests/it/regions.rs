@@ -196,6 +196,30 @@ async fn one_budget_follows_the_load_and_holds_under_a_partition() {
     }
     eprintln!("admitted per window (limit {LIMIT}): {seen:?}");
     assert!(seen.len() >= 6, "too few windows measured: {seen:?}");
+    // The operator page, in a real browser, while a and b stay busy (bounded: 600 calls).
+    let mut busy = clients[..2].to_vec();
+    let traffic = tokio::spawn(async move {
+        for k in 0..600 {
+            let client = &mut busy[k % 2];
+            let call = request("global", vec![descriptor(&[("tenant", "t")])]);
+            if client.should_rate_limit(call).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let (page, _) = crate::common::check_page(
+        &world.servers[0].http_url("/"),
+        "regions-page.png",
+        &["--rule", "global/tenant", "--regions", "a,b"],
+    )
+    .await;
+    traffic.abort();
+    let note = page["regions"]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("here a") && note.contains("cut off"),
+        "{page}"
+    );
     let overview: serde_json::Value = serde_json::from_str(
         &crate::common::http("GET", &world.servers[0].http_url("/overview"), "")
             .await

@@ -37,7 +37,7 @@ impl View {
             .collect();
         json!({
             "rule": rule,
-            "bucket": bucket.redis_key(""),
+            "bucket": bucket.hash_text(),
             "regions": regions,
             "last_transfer": self.transfer.as_ref().map(|(from, to, amount)| {
                 json!({"from": from, "to": to, "amount": amount})

@@ -51,9 +51,8 @@ pub struct Leased<'a> {
 
 impl Leased<'_> {
     fn call(&self, op: &str, more: Vec<String>) -> SideCall {
-        let key = self.bucket.redis_key("");
-        // `:{hash}`: the side call adds the prefix and its colon.
-        let key = key.trim_start_matches(':').to_owned();
+        // `{hash}`: the side call adds the prefix and its colon, as the bucket's key has.
+        let key = format!("{{{}}}", self.bucket.hash_text());
         let mut args = vec![
             op.to_owned(),
             self.base.to_string(),

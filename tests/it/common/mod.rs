@@ -467,3 +467,51 @@ pub async fn unix_endpoint(
         .connect_with_connector(connector)
         .await
 }
+
+/// Opens `url` (the admin page) in headless Chromium with `tests/clients/page_check.js` and
+/// its `checks` (see the script), waiting up to 30 s; returns what the page showed and the
+/// screenshot, kept as `target/artifacts/<screenshot>`. Fails the test when the page does not
+/// show it, or when Chromium or playwright-core is missing (`make clients`, `apt-get install
+/// chromium`).
+pub async fn check_page(
+    url: &str,
+    screenshot: &str,
+    checks: &[&str],
+) -> (serde_json::Value, std::path::PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("tests/clients/page_check.js");
+    let playwright = root.join("tests/clients/node_modules/playwright-core");
+    assert!(
+        playwright.exists(),
+        "playwright-core is not installed: run `make clients`"
+    );
+    let chromium = std::env::var_os("CHROMIUM").unwrap_or_else(|| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "Chromium is not installed ({}): apt-get install chromium",
+        chromium.to_string_lossy()
+    );
+    let artifacts = root.join("target/artifacts");
+    std::fs::create_dir_all(&artifacts).expect("artifacts directory");
+    let screenshot = artifacts.join(screenshot);
+    let mut command = std::process::Command::new("node");
+    command
+        .arg(&script)
+        .args(["--url", url, "--screenshot"])
+        .arg(&screenshot)
+        .args(checks)
+        .args(["--timeout-ms", "30000"]);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("joined")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "page check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen = serde_json::from_str(stdout.trim().lines().last().unwrap_or_default())
+        .expect("the page check prints JSON");
+    (seen, screenshot)
+}

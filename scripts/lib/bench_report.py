@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from harness import (LOOPBACK, Bench, Floodgate, Harness, RedisCluster, RedisNode,  # noqa: E402
                      encode_command, log, process_cpu_seconds, process_rss_kib, read_reply,
                      redis_command_calls, redis_cpu_seconds, resp, run_bench)
+import kept_sections  # noqa: E402
 
 FULL = {"in_flight": [16, 64, 512], "keys": [1, 10_000, 1_000_000], "descriptors": [1, 5]}
 QUICK = {"in_flight": [16, 64], "keys": [10_000], "descriptors": [1, 5]}
@@ -912,6 +913,8 @@ def write_report(path, meta, results, ceilings, argv, overloads, colds, spikes=(
                   "(and Redis); floodgate on one CPU, the generator and Redis on the other. "
                   "CPU ratio: floodgate CPU per decision over the mean of the runs without "
                   "(target: at most 1.3).", "", candidates_table(cands), ""]
+    # Sections other scripts write (scripts/bench-regions.sh) stay.
+    lines.append(kept_sections.kept(path))
     with open(path, "w") as f:
         f.write("\n".join(lines))
 

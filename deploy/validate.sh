@@ -4,7 +4,8 @@
 #   deploy/validate.sh [path/to/floodgate]
 #
 # 1. yamllint over every YAML file in deploy/ (deploy/.yamllint);
-# 2. renders every kustomization under deploy/ with `kubectl kustomize`;
+# 2. renders every kustomization under deploy/ with `kubectl kustomize` (components inside
+#    the overlays that use them);
 # 3. deploy/checks.py: CRDs (EnvoyFilter) and the Envoy bootstrap parsed as Envoy v3
 #    protos, the Deployment's probe/drain/mount contract, the Istio cluster name against
 #    the rendered Service, descriptors sent vs. rules, the Dockerfile, the Grafana
@@ -76,6 +77,11 @@ step "render every kustomization"
 mkdir -p "$work/render"
 while IFS= read -r file; do
   dir=${file%/kustomization.yaml}
+  # A component is rendered inside the overlays that use it, never alone.
+  if grep -q '^kind: Component' "$file"; then
+    echo "ok   $dir (component)"
+    continue
+  fi
   slug=${dir#deploy/}
   slug=${slug//\//-}
   "${kustomize[@]}" "$dir" >"$work/render/$slug.yaml"

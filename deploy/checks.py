@@ -58,7 +58,7 @@ BUILTIN_GROUPS = {"", "apps", "batch", "policy", "autoscaling", "networking.k8s.
 DESCRIPTOR_KEYS = {"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
                    "value_to_metric", "share_threshold", "metadata"}
 RATE_LIMIT_KEYS = {"unit", "requests_per_unit", "unlimited", "name", "replaces", "quota_mode", "algorithm", "burst",
-                   "unit_multiplier", "on_over_limit", "lockout_seconds"}
+                   "unit_multiplier", "on_over_limit", "lockout_seconds", "scope"}
 
 failures = []
 

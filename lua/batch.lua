@@ -18,9 +18,9 @@ then per policy, 10 values:
   W L B consume lockout   as ARGV[3..7] of the algorithm scripts
   spread     as ARGV[8] of a charge
   lease      0, or for a global rule (scope: global) 1 + its region's base lease: the item
-             decides with the lease its region holds, field `l` of `<key>:lease` (lua/lease.lua),
-             the base while there is none; B scaled alike. A lease under 1 denies, booking
-             nothing.
+             decides with the lease its region holds, field `l` of `<key>:lease:<L>`
+             (lua/lease.lua: a changed limit starts again from the bases), the base while
+             there is none; B scaled alike. A lease under 1 denies, booking nothing.
 then per group:
   m          its item count, written -m when 4 values of verdicts known without Redis follow:
     admit    1 = the request is admitted whatever it decides (global shadow mode)
@@ -93,7 +93,9 @@ local function limits(policy, key)
   if policy.lease == 0 then
     return policy.L, policy.B
   end
-  local lease = tonumber(redis.call('HGET', KEYS[key] .. ':lease', 'l')) or (policy.lease - 1)
+  local lease = tonumber(redis.call('HGET', KEYS[key] .. ':lease:' .. policy.L, 'l'))
+    or (policy.lease - 1)
+  lease = math.min(lease, policy.L)
   return lease, math.floor(policy.B * lease / policy.L)
 end
 

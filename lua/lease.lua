@@ -11,7 +11,8 @@ whatever the messages do.
 Loaded after the helpers (lua/lib.lua) and the ALGORITHMS table (src/backend/redis/scripts.rs).
 
 KEYS[1]  the bucket (its algorithm's state)
-KEYS[2]  its lease: a hash {l = this region's lease (absent: the base), x = 1 once a transfer
+KEYS[2]  its lease (`<bucket>:lease:<L>`: a changed limit starts again from the bases): a
+         hash {l = this region's lease (absent: the base), x = 1 once a transfer
          was made, o.<region> = granted to that region in total, i.<region> = received from
          it in total, dw dc dp = demand: the period's index, its count, the previous period's}
 KEYS[3]  the period's lock: one replica of the region runs the bucket's transfers per period

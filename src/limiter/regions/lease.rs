@@ -63,7 +63,7 @@ impl Leased<'_> {
             source: LEASE,
             keys: vec![
                 key.clone(),
-                format!("{key}:lease"),
+                format!("{key}:lease:{}", self.policy.requests_per_unit),
                 format!("{key}:lease-lock"),
             ],
             args,

@@ -1,6 +1,7 @@
 --[[
-floodgate: the replica registry of failure mode `local` (src/fallback/registry.rs). Each
-replica calls it once a heartbeat; it answers how many replicas share the limits.
+floodgate: the replica registry (src/limiter/fallback/registry.rs). Each replica on a shared
+Redis calls it once a heartbeat; it answers which replicas share the limits and the quota
+service's fairness counters.
 
 KEYS[1]  the registry: a sorted set, member = a replica's id, score = the server's ms at that
          replica's latest heartbeat
@@ -9,14 +10,16 @@ ARGV[2]  live_ms: a replica heard from within this long is live
 ARGV[3]  grace_ms: a replica silent for longer is forgotten; until then it may be deciding
          from its own memory, cut off from this Redis, and its share stays reserved
 ARGV[4]  1 = the replica leaves (graceful shutdown): it is removed at once
+ARGV[5]  most ids answered
 
-Reply: {live, known}: replicas heard within live_ms, and within grace_ms (the caller
-included, unless it left).
+Reply: {live, known, {live ids}, {silent ids}}: how many replicas were heard within live_ms
+and within grace_ms (the caller included, unless it left), then the ids of the live ones and
+of the known ones not live, at most ARGV[5] of each, most recent first.
 ]]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local id, live_ms, grace_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-if not (live_ms and grace_ms) or live_ms < 1 or grace_ms < live_ms then
+local id, live_ms, grace_ms, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+if not (live_ms and grace_ms and most) or live_ms < 1 or grace_ms < live_ms or most < 1 then
   return redis.error_reply('ERR floodgate replicas: bad arguments')
 end
 if ARGV[4] == '1' then
@@ -26,5 +29,7 @@ else
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - grace_ms))
 redis.call('PEXPIRE', KEYS[1], 2 * grace_ms)
-local live = redis.call('ZCOUNT', KEYS[1], string.format('%d', now - live_ms), '+inf')
-return {live, redis.call('ZCARD', KEYS[1])}
+local since = string.format('%d', now - live_ms)
+return {redis.call('ZCOUNT', KEYS[1], since, '+inf'), redis.call('ZCARD', KEYS[1]),
+  redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', since, 'LIMIT', 0, most),
+  redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. since, '-inf', 'LIMIT', 0, most)}

@@ -302,11 +302,9 @@ impl Server {
             self.settings.limiter.backend_timeout,
         ));
         let reloader = reloader.map(tokio::spawn);
-        // Failure mode `local`: say this replica is alive, from the first tick.
-        let registry = self
-            .limiter
-            .local_fallback()
-            .map(|local| Arc::clone(local.registry()));
+        // On a shared backend: say this replica is alive, from the first tick.
+        let shared = !matches!(self.settings.backend, BackendSettings::Memory { .. });
+        let registry = shared.then(|| Arc::clone(self.limiter.registry()));
         let heartbeat = registry.clone().map(|registry| {
             tokio::spawn(registry.run(
                 Arc::clone(&self.backend),

@@ -81,6 +81,15 @@ impl BucketKey {
         &self.0
     }
 
+    /// The same counter kept apart for `replica` (the quota service counts demand per
+    /// replica: `rlqs::ledger`): a hash of this key and the replica's id.
+    pub fn for_replica(&self, replica: &str) -> BucketKey {
+        let mut hasher = IdentityHasher::default();
+        hasher.field(&self.0);
+        hasher.field(replica.as_bytes());
+        BucketKey(hasher.finish())
+    }
+
     /// The 16 bytes in base64url, as inside the storage key's braces.
     pub fn hash_text(&self) -> String {
         URL_SAFE_NO_PAD.encode(self.0)

@@ -74,7 +74,7 @@ pub const DEFAULT_LOCAL_CACHE_ENTRIES: usize = 10_000;
 /// Default trust period of a local over-limit cache entry
 /// (`limiter::DEFAULT_LOCAL_CACHE_MAX_AGE`).
 pub const DEFAULT_LOCAL_CACHE_MAX_AGE: &str = "3s";
-/// Default `--replica-grace` (`fallback::DEFAULT_GRACE`).
+/// Default `--replica-grace` (`limiter::replicas::DEFAULT_GRACE`).
 pub const DEFAULT_REPLICA_GRACE: &str = "2m";
 /// Default time in-flight calls get to finish after shutdown starts.
 pub const DEFAULT_DRAIN_TIMEOUT: &str = "10s";

@@ -11,6 +11,7 @@ pub mod fallback;
 mod local_cache;
 mod quota;
 pub mod regions;
+pub mod replicas;
 pub mod request;
 mod resolve;
 mod rule_set;
@@ -36,6 +37,7 @@ use fallback::{LocalFallback, Share};
 pub use local_cache::OverLimitCache;
 pub use quota::{QuotaBucket, QuotaRule};
 use regions::Regions;
+use replicas::Registry;
 pub use request::{Code, CurrentLimit, Descriptor, LimitOverride, Request, Response, Status};
 use resolve::{Resolved, resolve};
 use rule_set::RuleSet;
@@ -131,7 +133,7 @@ impl Default for LimiterOptions {
             local_cache_max_age: DEFAULT_LOCAL_CACHE_MAX_AGE,
             accounting: OnOverLimit::Reject,
             top: TopOptions::default(),
-            replica_grace: fallback::DEFAULT_GRACE,
+            replica_grace: replicas::DEFAULT_GRACE,
         }
     }
 }
@@ -170,7 +172,9 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
     top: TopKeys,
     cache: Option<OverLimitCache>,
-    /// Under failure mode `local`: the registry and the memory a cut-off replica decides from.
+    /// Which replicas share the backend (the quota service's demand, failure mode `local`).
+    registry: Arc<Registry>,
+    /// Under failure mode `local`: the memory a cut-off replica decides from.
     local: Option<LocalFallback>,
     /// With `--region`: the leases of global rules.
     regions: Option<Arc<Regions>>,
@@ -189,6 +193,7 @@ impl Limiter {
             .then(|| OverLimitCache::new(options.local_cache_entries, options.local_cache_max_age));
         metrics.loaded_rules.set(rules.rules().len() as i64);
         metrics.loaded_domains.set(rules.domain_count() as i64);
+        let registry = Arc::new(Registry::new(options.replica_grace));
         Limiter {
             rules: ArcSwap::from_pointee(RuleSet::new(rules, false)),
             candidates: ArcSwapOption::empty(),
@@ -200,8 +205,9 @@ impl Limiter {
             metrics,
             top: TopKeys::new(options.top),
             cache,
+            registry: Arc::clone(&registry),
             local: (options.failure_mode == FailureMode::Local)
-                .then(|| LocalFallback::new(options.replica_grace)),
+                .then(|| LocalFallback::new(registry)),
             regions: None,
             options,
         }
@@ -220,10 +226,15 @@ impl Limiter {
         self.regions.as_ref()
     }
 
-    /// Under failure mode `local`: the registry and the memory a cut-off replica decides
-    /// from.
+    /// Under failure mode `local`: the memory a cut-off replica decides from.
     pub fn local_fallback(&self) -> Option<&LocalFallback> {
         self.local.as_ref()
+    }
+
+    /// Which replicas share the backend; its heartbeat runs where the backend is shared
+    /// (`server`).
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
     }
 
     /// Swaps in new rules atomically; requests in flight finish on the old ones.

@@ -30,7 +30,8 @@ pub struct QuotaBucket {
     /// The bucket ShouldRateLimit charges for the same descriptor.
     pub bucket: BucketKey,
     /// The bucket's fairness counters (demand, capped demand, presence: `rlqs::fair`),
-    /// counted under the `counters` policy given to [`Limiter::quota_rule`].
+    /// counted under the `counters` policy given to [`Limiter::quota_rule`], each replica
+    /// in counters of its own ([`BucketKey::for_replica`]).
     pub counters: [BucketKey; 3],
     /// Denials are reported, never enforced (a `shadow_mode` rule, or global shadow mode).
     pub shadow: bool,

@@ -22,7 +22,8 @@
 //! Given one reading, the rates of all streams add up to the room, and a stream whose
 //! demand is at most the fair share gets all of it, whatever the others report (the
 //! property tests below). A stream that ends withdraws its counts at once (`Stream::
-//! withdraw`); one whose replica died fades out of the totals within two windows.
+//! withdraw`); one whose replica died is taken out of the totals within seconds, as soon as
+//! the registry calls its replica silent (`ledger`).
 
 use std::time::Duration;
 

@@ -3,11 +3,17 @@
 //! replica reads them, all through the limiter as ShouldRateLimit's charges go. This needs
 //! no backend operation beyond the charges, peeks and refunds every backend already makes
 //! atomically.
+//!
+//! Each replica books its streams' counts twice: into the shared counters, which every
+//! replica reads at once, and into counters of its own ([`BucketKey::for_replica`]). A
+//! reading takes the counts of the replicas the registry calls silent (`limiter::replicas`:
+//! not heard from for `LIVE_FOR`) out of the shared totals, so a replica that dies takes
+//! its streams' demand with it within seconds, instead of over two demand windows.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{BackendError, Charge, Outcome, Refund};
+use crate::backend::{BackendError, BucketKey, Charge, Outcome, Refund};
 use crate::limiter::{Limiter, QuotaBucket, always_over};
 use crate::overload::Caller;
 use crate::rules::{OnOverLimit, Policy};
@@ -89,8 +95,9 @@ impl Ledger {
         let call = |charges: Vec<Charge>| async move {
             self.limiter.quota_charges(&charges, caller).await
         };
+        let fairness = self.fairness(quota, counted);
         if quota.policy.requests_per_unit == 0 {
-            let outcomes = call(counters(quota, counted).to_vec()).await?;
+            let outcomes = call(fairness).await?;
             return Ok(Reading {
                 budget: budget(&always_over(&quota.policy)),
                 total: totals(&outcomes),
@@ -104,7 +111,7 @@ impl Ledger {
             0
         };
         let mut charges = self.book_then_peek(quota, first, spread_ms).to_vec();
-        charges.extend(counters(quota, counted));
+        charges.extend(fairness);
         let outcomes = call(charges).await?;
         let total = totals(&outcomes[2..]);
         let now_ms = outcomes[2].now_ms;
@@ -121,6 +128,27 @@ impl Ledger {
             total,
             now_ms,
         })
+    }
+
+    /// This replica's id, under which its streams' fairness counts are kept apart, once the
+    /// registry answered (a shared backend); `None` before, and on the memory backend.
+    pub fn replica(&self) -> Option<&Arc<str>> {
+        let registry = self.limiter.registry();
+        registry.view().map(|_| registry.id())
+    }
+
+    /// The charges that book `counted` into the shared fairness counters of `quota` and
+    /// into this replica's, then read the silent replicas' (cost 0): [`totals`] reads them.
+    fn fairness(&self, quota: &QuotaBucket, counted: Booked) -> Vec<Charge> {
+        let mut charges = counters(quota, counted, None).to_vec();
+        let registry = self.limiter.registry();
+        if let Some(view) = registry.view() {
+            charges.extend(counters(quota, counted, Some(registry.id())));
+            for silent in &view.silent {
+                charges.extend(counters(quota, Booked::default(), Some(silent)));
+            }
+        }
+        charges
     }
 
     /// Books what fits of the `left` requests of a report that did not fit whole, given the
@@ -181,40 +209,64 @@ impl Ledger {
     }
 }
 
-/// The charges that book `counted` into the bucket's fairness counters and read them.
-fn counters(quota: &QuotaBucket, counted: Booked) -> [Charge; 3] {
+/// The charges that book `counted` into the bucket's fairness counters, shared or
+/// `replica`'s own, and read them.
+fn counters(quota: &QuotaBucket, counted: Booked, replica: Option<&str>) -> [Charge; 3] {
     let costs = [counted.demand, counted.capped, counted.presence_ms];
     std::array::from_fn(|i| Charge {
-        bucket: quota.counters[i],
+        bucket: kept_by(quota.counters[i], replica),
         policy: fair::counter_policy(),
         cost: costs[i],
         spread_ms: 0,
     })
 }
 
-/// The fairness counters' totals from the outcomes of [`counters`].
-fn totals(outcomes: &[Outcome]) -> Counts {
-    let count = |i: usize| {
-        outcomes
-            .get(i)
-            .map_or(0, |outcome| fair::counted(outcome.remaining))
-    };
-    Counts {
-        demand: count(0),
-        capped: count(1),
-        presence_ms: count(2),
-    }
+/// A fairness counter, shared or `replica`'s own.
+fn kept_by(counter: BucketKey, replica: Option<&str>) -> BucketKey {
+    replica.map_or(counter, |replica| counter.for_replica(replica))
 }
 
-/// The refunds that take a stream's own counts of `quota` out of its shared counters.
-pub fn withdrawals(quota: &QuotaBucket, own: &OwnCounts) -> Vec<Refund> {
-    own.withdrawals()
-        .into_iter()
-        .zip(quota.counters)
-        .flat_map(|(bookings, bucket)| {
-            bookings.into_iter().map(move |(cost, booked_at_ms)| {
-                Refund::new(bucket, fair::counter_policy(), cost, booked_at_ms)
-            })
+/// The fairness counters' totals from the outcomes of [`Ledger::fairness`]: the shared
+/// counts (the first three) less the silent replicas' (three each, after this replica's).
+fn totals(outcomes: &[Outcome]) -> Counts {
+    let read = |three: &[Outcome]| {
+        let count = |i: usize| {
+            three
+                .get(i)
+                .map_or(0, |outcome| fair::counted(outcome.remaining))
+        };
+        Counts {
+            demand: count(0),
+            capped: count(1),
+            presence_ms: count(2),
+        }
+    };
+    let mut total = read(outcomes.get(..3).unwrap_or_default());
+    for silent in outcomes.get(6..).unwrap_or_default().chunks(3) {
+        let gone = read(silent);
+        total.demand = total.demand.saturating_sub(gone.demand);
+        total.capped = total.capped.saturating_sub(gone.capped);
+        total.presence_ms = total.presence_ms.saturating_sub(gone.presence_ms);
+    }
+    total
+}
+
+/// The refunds that take a stream's own counts of `quota` out of the shared counters and,
+/// where they are kept apart, out of its `replica`'s own.
+pub fn withdrawals(quota: &QuotaBucket, own: &OwnCounts, replica: Option<&str>) -> Vec<Refund> {
+    let bookings = own.withdrawals();
+    std::iter::once(None)
+        .chain(replica.map(Some))
+        .flat_map(|kept| {
+            bookings
+                .iter()
+                .zip(quota.counters)
+                .flat_map(move |(bookings, counter)| {
+                    let bucket = kept_by(counter, kept);
+                    bookings.iter().map(move |&(cost, booked_at_ms)| {
+                        Refund::new(bucket, fair::counter_policy(), cost, booked_at_ms)
+                    })
+                })
         })
         .collect()
 }

@@ -471,7 +471,11 @@ async fn withdraw(shared: &Shared, buckets: &[Tracked]) {
     let refunds: Vec<_> = buckets
         .iter()
         .filter_map(|bucket| match &bucket.rule {
-            QuotaRule::Limited(quota) => Some(ledger::withdrawals(quota, &bucket.own)),
+            QuotaRule::Limited(quota) => Some(ledger::withdrawals(
+                quota,
+                &bucket.own,
+                shared.ledger.replica().map(|id| &**id),
+            )),
             QuotaRule::Unlimited => None,
         })
         .flatten()

@@ -21,7 +21,11 @@ async fn server(redis: &RedisServer, mode: FailureMode) -> TestServer {
     TestServer::start_with(&[("api.yaml", RULES)], |settings| {
         settings.backend = BackendSettings::Redis {
             url: redis.url(),
-            options: redis_options(Duration::from_millis(300)),
+            options: floodgate::backend::RedisOptions {
+                // Each mode in keys of its own: the local one alone in its registry.
+                key_prefix: mode.as_str().to_owned(),
+                ..redis_options(Duration::from_millis(300))
+            },
         };
         settings.limiter.backend_timeout = Duration::from_millis(300);
         settings.limiter.failure_mode = mode;

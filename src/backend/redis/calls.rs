@@ -638,14 +638,15 @@ mod tests {
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let sha = set.batch().get_hash().to_owned();
         assert_eq!(text, ["EVALSHA", &sha, "3", &a, &b, &c]);
-        // 2 groups and 3 policies (9 words, the spread last); the first group with its prior verdicts (-m), items as
-        // policy number and cost; the second admitted whatever it decides.
+        // 2 groups and 3 policies (10 words, the spread and the lease last); the first group
+        // with its prior verdicts (-m), items as policy number and cost; the second admitted
+        // whatever it decides.
         #[rustfmt::skip]
         let expected = [
             2, 3,
-            1, 1, 0, 60000, 5, 5, 0, 0, 0,
-            1, 0, 1, 60000, 5, 5, 0, 0, 0,
-            1, 0, 0, 60000, 5, 5, 0, 0, 0,
+            1, 1, 0, 60000, 5, 5, 0, 0, 0, 0,
+            1, 0, 1, 60000, 5, 5, 0, 0, 0, 0,
+            1, 0, 0, 60000, 5, 5, 0, 0, 0, 0,
             -2, 0, 1, 0, 0, 1, 2, 2, 0,
             -1, 1, 0, 0, 0, 3, 1,
         ];

@@ -1,11 +1,10 @@
 //! Failure mode `local`: a replica that cannot reach its Redis neither admits everything nor
 //! denies everything. It decides from its own memory with its share of each limit, `1 /
-//! known` of the replicas it last saw in the registry (`registry`), until Redis answers
-//! again; the replicas still on Redis keep `live / known` of each limit between them while
-//! a replica is silent, so that together they admit at most the limit (docs/reliability.md
-//! #failure-mode-local).
+//! known` of the replicas it last saw in the registry (`super::replicas`), until Redis
+//! answers again; the replicas still on Redis keep `live / known` of each limit between
+//! them while a replica is silent, so that together they admit at most the limit
+//! (docs/reliability.md#failure-mode-local).
 
-pub mod registry;
 pub mod share;
 
 use std::sync::Arc;
@@ -14,9 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use registry::{DEFAULT_GRACE, Registry, View};
 pub use share::Share;
 
+use super::replicas::{Registry, View};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, BackendError, Group, Item, Outcome};
 
@@ -38,10 +37,10 @@ pub struct LocalFallback {
 }
 
 impl LocalFallback {
-    /// A fallback whose registry keeps a silent replica's share for `grace`.
-    pub fn new(grace: Duration) -> LocalFallback {
+    /// A fallback on `registry`'s view of the replicas.
+    pub fn new(registry: Arc<Registry>) -> LocalFallback {
         LocalFallback {
-            registry: Arc::new(Registry::new(grace)),
+            registry,
             store: MemoryBackend::new(LOCAL_BUCKETS),
             started: Instant::now(),
             cut_until_ms: AtomicU64::new(0),
@@ -67,17 +66,12 @@ impl LocalFallback {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The registry, for its heartbeat task.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
-    }
-
     /// What the charges decided on Redis are held to while replicas are silent: `live /
     /// known` of each limit; `None` while every known replica is live.
     pub fn reserved(&self) -> Option<Share> {
         self.registry
             .view()
-            .and_then(View::on_redis)
+            .and_then(|view| on_redis(&view))
             .filter(|share| !share.is_whole())
     }
 
@@ -92,9 +86,20 @@ impl LocalFallback {
         &self,
         group: &Group,
     ) -> Option<Result<Vec<Option<Outcome>>, BackendError>> {
-        let share = self.registry.view()?.alone()?;
+        let view = self.registry.view()?;
+        let share = alone(&view)?;
         Some(decide_share(&self.store, group, share).await)
     }
+}
+
+/// What the live replicas may admit together from Redis: `live / known` of each limit.
+fn on_redis(view: &View) -> Option<Share> {
+    Share::new(view.live.max(1), view.known.max(1))
+}
+
+/// What a replica may admit alone from its memory: `1 / known` of each limit.
+fn alone(view: &View) -> Option<Share> {
+    Share::new(1, view.known.max(1))
 }
 
 /// `group` with `share` of each limit; every item's share must be something.

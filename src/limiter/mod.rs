@@ -194,6 +194,9 @@ impl Limiter {
         metrics.loaded_rules.set(rules.rules().len() as i64);
         metrics.loaded_domains.set(rules.domain_count() as i64);
         let registry = Arc::new(Registry::new(options.replica_grace));
+        if options.failure_mode == FailureMode::Local {
+            registry.want();
+        }
         Limiter {
             rules: ArcSwap::from_pointee(RuleSet::new(rules, false)),
             candidates: ArcSwapOption::empty(),

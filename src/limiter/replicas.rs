@@ -6,10 +6,14 @@
 //! shared counters within `LIVE_FOR` (`rlqs::ledger`); and failure mode `local`
 //! (`fallback`), where a silent replica may be cut off and deciding from memory with `1 /
 //! known` of each limit while the live ones keep `live / known`. A replica that shuts down
-//! leaves at once.
+//! leaves at once. It starts with its first user (`Registry::want`), so a replica that
+//! serves neither writes nothing of it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use arc_swap::ArcSwapOption;
 use redis::Value;
@@ -49,6 +53,9 @@ pub struct Registry {
     grace: Duration,
     /// The latest view; none until a heartbeat was answered.
     view: ArcSwapOption<View>,
+    /// Whether anything uses the registry yet, and the wake-up of the heartbeat when it does.
+    wanted: AtomicBool,
+    first_use: Notify,
 }
 
 impl Registry {
@@ -64,6 +71,16 @@ impl Registry {
             )),
             grace: grace.max(LIVE_FOR),
             view: ArcSwapOption::empty(),
+            wanted: AtomicBool::new(false),
+            first_use: Notify::new(),
+        }
+    }
+
+    /// Starts the heartbeat (where one runs), for a user of the view: failure mode `local`,
+    /// a quota stream.
+    pub fn want(&self) {
+        if !self.wanted.swap(true, Ordering::Relaxed) {
+            self.first_use.notify_one();
         }
     }
 
@@ -89,13 +106,20 @@ impl Registry {
 
     /// Leaves the registry (graceful shutdown), so nobody keeps counting this replica.
     pub async fn leave(&self, backend: &dyn Backend) {
+        if !self.wanted.load(Ordering::Relaxed) {
+            return;
+        }
         if let Err(error) = self.call(backend, true).await {
             tracing::warn!(%error, "could not leave the replica registry");
         }
     }
 
-    /// Beats every [`HEARTBEAT`] until the task is dropped; a failed beat keeps the last view.
+    /// Beats every [`HEARTBEAT`] from the first [`Registry::want`] until the task is dropped;
+    /// a failed beat keeps the last view.
     pub async fn run(self: Arc<Self>, backend: Arc<dyn Backend>, metrics: Arc<Metrics>) {
+        if !self.wanted.load(Ordering::Relaxed) {
+            self.first_use.notified().await;
+        }
         let mut ticks = tokio::time::interval(HEARTBEAT);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

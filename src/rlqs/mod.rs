@@ -120,6 +120,8 @@ impl RateLimitQuotaService for QuotaService {
             .extensions()
             .get::<Arrival>()
             .map(|arrival| Arc::clone(&arrival.connection));
+        // A shared backend's replicas then count each other's demand (`ledger`).
+        self.shared.limiter.registry().want();
         let stream = Stream::new(Arc::clone(&self.shared), connection);
         tokio::spawn(serve(
             stream,

@@ -597,6 +597,9 @@ async fn an_envoy_whose_replica_died_gets_its_demand_on_the_next() {
         &[],
     );
     let b = TestServer::start_with(&[("web.yaml", RULES)], on_redis(&redis)).await;
+    // A quota stream starts a replica's heartbeat in the registry.
+    let mut first = Quota::open(dying.grpc).await;
+    let mut second = Quota::open(b.grpc).await;
     let both_live = eventually(Duration::from_secs(10), async || {
         let live = "floodgate_replicas{kind=\"live\"}";
         sample(&scrape(dying.http).await, live) == Some(2.0)
@@ -605,7 +608,6 @@ async fn an_envoy_whose_replica_died_gets_its_demand_on_the_next() {
     .await;
     assert!(both_live, "the two replicas never saw each other");
     let id: &[(&str, &str)] = &[("thousand", "died")];
-    let mut first = Quota::open(dying.grpc).await;
     for _ in 0..2 {
         let before = rate(first.report("web", id, 4000, 0).await);
         assert!(before >= 760.0, "{before}");
@@ -614,7 +616,6 @@ async fn an_envoy_whose_replica_died_gets_its_demand_on_the_next() {
     let _ = dying.wait_exit(Duration::from_secs(5)).await;
     // Envoy reopens its stream with its next report, 5 s on.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let mut second = Quota::open(b.grpc).await;
     let kept = rate(second.report("web", id, 4000, 0).await);
     eprintln!("assigned {kept} a second, 5 s after its replica died");
     assert!(kept >= 760.0, "{kept} a second, 5 s after the replica died");

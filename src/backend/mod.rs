@@ -20,7 +20,7 @@ use tokio::time::Instant;
 pub use connect::{BackendSettings, connect};
 pub use keys::BucketKey;
 pub use redis::{ClusterBackend, RedisBackend, RedisOptions, SentinelSettings};
-pub use side_call::SideCall;
+pub use side_call::{SideCall, SideScript};
 
 use crate::overload::{ConnectionId, Deadline};
 use crate::redact::Scrub;

@@ -3,16 +3,48 @@
 //! they go as `EVALSHA` (then `EVAL` once a node does not know it) on the backend's own
 //! connections rather than through the batcher.
 
+use std::sync::OnceLock;
+
 use redis::{Cmd, Value};
 
 use super::BackendError;
 
-/// One call of `source` on `keys` (written without the key prefix; every key of a call
+/// A script's text and its SHA-1, hashed once (the lease script carries every algorithm:
+/// some 20 KB to hash on each call otherwise).
+pub struct SideScript {
+    source: &'static str,
+    sha: OnceLock<String>,
+}
+
+impl SideScript {
+    /// The script of `source`.
+    pub const fn new(source: &'static str) -> SideScript {
+        SideScript {
+            source,
+            sha: OnceLock::new(),
+        }
+    }
+
+    fn sha(&self) -> &str {
+        self.sha
+            .get_or_init(|| redis::Script::new(self.source).get_hash().to_owned())
+    }
+}
+
+impl std::fmt::Debug for SideScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SideScript")
+            .field("sha", &self.sha())
+            .finish()
+    }
+}
+
+/// One call of `script` on `keys` (written without the key prefix; every key of a call
 /// carries the same hash tag), with `args`.
 #[derive(Debug, Clone)]
 pub struct SideCall {
-    /// The script's text.
-    pub source: &'static str,
+    /// The script.
+    pub script: &'static SideScript,
     /// Its keys, each then stored as `<prefix>:<key>`.
     pub keys: Vec<String>,
     /// Its arguments.
@@ -24,11 +56,11 @@ impl SideCall {
     pub(crate) fn command(&self, prefix: &str, by_text: bool) -> Cmd {
         let mut cmd = if by_text {
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.source);
+            cmd.arg(self.script.source);
             cmd
         } else {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(redis::Script::new(self.source).get_hash());
+            cmd.arg(self.script.sha());
             cmd
         };
         cmd.arg(self.keys.len());
@@ -38,11 +70,6 @@ impl SideCall {
         cmd.arg(&self.args);
         cmd
     }
-}
-
-/// Whether a reply says the node does not know the script yet.
-pub(crate) fn is_noscript(value: &Value) -> bool {
-    matches!(value, Value::ServerError(error) if error.code() == "NOSCRIPT")
 }
 
 /// A script's reply, or the server's error as a backend error.

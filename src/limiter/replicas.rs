@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use arc_swap::ArcSwapOption;
 use redis::Value;
 
-use crate::backend::{Backend, BackendError, SideCall};
+use crate::backend::{Backend, BackendError, SideCall, SideScript};
 use crate::metrics::Metrics;
 
 /// How often a replica says it is alive.
@@ -30,6 +30,8 @@ pub const LIVE_FOR: Duration = Duration::from_secs(3);
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(120);
 /// Most replicas a view names, live and silent each (the counts go on past it).
 pub const MOST_NAMED: usize = 256;
+/// The registry's script.
+static SCRIPT: SideScript = SideScript::new(include_str!("../../lua/replicas.lua"));
 /// The registry's key (under the key prefix), one slot of a Redis Cluster.
 const KEY: &str = "{floodgate-replicas}";
 
@@ -133,7 +135,7 @@ impl Registry {
 
     async fn call(&self, backend: &dyn Backend, leaving: bool) -> Result<View, BackendError> {
         let call = SideCall {
-            source: include_str!("../../lua/replicas.lua"),
+            script: &SCRIPT,
             keys: vec![KEY.to_owned()],
             args: vec![
                 self.id.to_string(),

@@ -237,7 +237,7 @@ impl Backend for ClusterBackend {
             let cmd = call.command(prefix, by_text);
             match timeout_at(work_ends, cmd.query_async::<Value>(&mut conn)).await {
                 Err(_) => return Err(BackendError::Timeout),
-                Ok(Err(e)) if e.code() == Some("NOSCRIPT") && !by_text => {}
+                Ok(Err(e)) if errors::is_missing_error(&e) && !by_text => {}
                 Ok(Err(e)) => return Err(cluster.secrets.scrub(errors::classify(&e))),
                 Ok(Ok(value)) => return side_call::reply(Some(value)),
             }

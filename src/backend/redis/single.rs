@@ -562,7 +562,7 @@ impl Backend for RedisBackend {
                 .await
                 .map_err(|e| node.secrets.scrub(e))?;
             last = values.pop();
-            if !last.as_ref().is_some_and(side_call::is_noscript) {
+            if !last.as_ref().is_some_and(errors::is_missing) {
                 break;
             }
         }

@@ -6,8 +6,11 @@ use std::collections::HashMap;
 use redis::Value;
 
 use crate::backend::redis::scripts::LEASE;
-use crate::backend::{Backend, BackendError, BucketKey, SideCall};
+use crate::backend::{Backend, BackendError, BucketKey, SideCall, SideScript};
 use crate::rules::{Algorithm, OnOverLimit, Policy};
+
+/// The lease script.
+static SCRIPT: SideScript = SideScript::new(LEASE);
 
 /// This region's view of a bucket after a sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,7 +63,7 @@ impl Leased<'_> {
         ];
         args.extend(more);
         SideCall {
-            source: LEASE,
+            script: &SCRIPT,
             keys: vec![
                 key.clone(),
                 format!("{key}:lease:{}", self.policy.requests_per_unit),

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::backend::{Backend, BackendError, BucketKey, SideCall};
+use crate::backend::{Backend, BackendError, BucketKey, SideCall, SideScript};
 use crate::rules::{Algorithm, OnOverLimit, Policy, Unit};
 
+/// The wants script.
+static SCRIPT: SideScript = SideScript::new(include_str!("../../../lua/wants.lua"));
 /// The set's key (under the key prefix), one slot of a Redis Cluster.
 const KEY: &str = "{floodgate-regions}:wants";
 
@@ -62,7 +64,7 @@ fn call(op: &str, horizon: Duration, most: usize, members: Vec<String>) -> SideC
     ];
     args.extend(members);
     SideCall {
-        source: include_str!("../../../lua/wants.lua"),
+        script: &SCRIPT,
         keys: vec![KEY.to_owned()],
         args,
     }

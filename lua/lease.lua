@@ -69,13 +69,6 @@ local function keep()
   end
 end
 
-local function gcd(a, b)
-  while b ~= 0 do
-    a, b = b, a % b
-  end
-  return a
-end
-
 -- A token bucket keeps its level in units of its own rate (lua/token_bucket.lua: fields u at
 -- t, U = W/g ms a request, leaking L/g a ms). When its lease (its L) moves from old to new,
 -- the level is leaked to now at the old rate and re-expressed in the new units, rounded up:

@@ -21,6 +21,15 @@ local function cdiv(a, b)
   return q
 end
 
+-- The greatest common divisor of integers a, b >= 0 (a token bucket's units: token_bucket.lua,
+-- lease.lua).
+local function gcd(a, b)
+  while b ~= 0 do
+    a, b = b, a % b
+  end
+  return a
+end
+
 -- Refunds are applied at most once: each bucket keeps the ids of its last RECENT_REFUNDS
 -- applied refunds as one string "id,id,...", oldest first, and ignores a repeated id (a
 -- refund re-sent after its reply was lost).

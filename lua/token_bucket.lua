@@ -30,13 +30,6 @@ Reply, integers only:
 -- Defined once with the algorithm (see lua/prelude.lua); load() sets the bucket's state on
 -- every call, and the shared tail (lua/decide.lua) then decides with check/peek/save.
 
-local function gcd(a, b)
-  while b ~= 0 do
-    a, b = b, a % b
-  end
-  return a
-end
-
 -- The scaling of this call's policy, and the bucket's state. u0: what is left at now.
 local U, lambda, C
 local level, updated, locked, u0

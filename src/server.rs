@@ -205,7 +205,8 @@ impl Server {
             options,
         );
         if let Some(regions) = &settings.regions {
-            limiter = limiter.with_regions(Arc::new(Regions::connect(regions).await?));
+            let replica = Arc::clone(limiter.registry().id());
+            limiter = limiter.with_regions(Arc::new(Regions::connect(regions, replica).await?));
         }
         let limiter = Arc::new(limiter);
         limiter.replace_candidates(candidates);

@@ -82,28 +82,39 @@ pub struct Regions {
     me: String,
     /// Every region's name, sorted: a region's base lease follows its place here.
     members: Vec<String>,
+    /// This region's place in `members` (the request path asks its base).
+    place: u32,
     peers: Vec<Peer>,
     period: Duration,
     global_domains: HashSet<String>,
-    /// Names this replica in the period locks.
-    replica: String,
+    /// Names this replica in the period locks: its id in the replica registry.
+    replica: Arc<str>,
     tracked: Mutex<HashMap<BucketKey, Tracked>>,
 }
 
 impl Regions {
     /// Connects to the peer regions (a peer that cannot be reached now is retried in the
-    /// background) and starts tracking nothing.
+    /// background), all at once, and starts tracking nothing. `replica` names this replica
+    /// in the period locks.
     ///
     /// # Errors
     /// A peer's settings cannot work.
     pub async fn connect(
         settings: &RegionSettings,
+        replica: Arc<str>,
     ) -> Result<Regions, crate::backend::BackendError> {
+        let connected = futures::future::join_all(
+            settings
+                .peers
+                .iter()
+                .map(|(_, backend)| crate::backend::connect(backend)),
+        )
+        .await;
         let mut peers = Vec::new();
-        for (name, backend) in &settings.peers {
+        for ((name, _), backend) in settings.peers.iter().zip(connected) {
             peers.push(Peer {
                 name: name.clone(),
-                backend: crate::backend::connect(backend).await?,
+                backend: backend?,
                 status: Mutex::new(PeerStatus::default()),
             });
         }
@@ -115,13 +126,18 @@ impl Regions {
         members.push(settings.name.clone());
         members.sort();
         members.dedup();
+        let place = members
+            .iter()
+            .position(|name| *name == settings.name)
+            .unwrap_or(0) as u32;
         Ok(Regions {
             me: settings.name.clone(),
             members,
+            place,
             peers,
             period: settings.period.max(Duration::from_millis(10)),
             global_domains: settings.global_domains.iter().cloned().collect(),
-            replica: format!("{}/{:08x}", std::process::id(), rand::random::<u32>()),
+            replica,
             tracked: Mutex::new(HashMap::new()),
         })
     }
@@ -129,12 +145,13 @@ impl Regions {
     /// `region`'s lease of a limit of `limit` before any transfer: an even split, the
     /// remainder to the first regions by name, so the bases add up to the limit.
     pub fn base(&self, region: &str, limit: u32) -> u32 {
+        let place = self.members.iter().position(|name| name == region);
+        self.base_at(place.unwrap_or(0) as u32, limit)
+    }
+
+    /// The base lease of the region at `place` in `members`.
+    fn base_at(&self, place: u32, limit: u32) -> u32 {
         let count = self.members.len() as u32;
-        let place = self
-            .members
-            .iter()
-            .position(|name| name == region)
-            .unwrap_or(0) as u32;
         limit / count + u32::from(place < limit % count)
     }
 
@@ -167,7 +184,7 @@ impl Regions {
             }
             None => {}
         }
-        self.base(&self.me, policy.requests_per_unit)
+        self.base_at(self.place, policy.requests_per_unit)
     }
 
     /// `item` held to this region's lease as last read (its base before any period ran),

@@ -28,8 +28,14 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 pub const LIVE_FOR: Duration = Duration::from_secs(3);
 /// Default `--replica-grace`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(120);
-/// Most replicas a view names, live and silent each (the counts go on past it).
-pub const MOST_NAMED: usize = 256;
+/// Most silent replicas a view names (the counts go on past it): each costs a quota
+/// report three peeks.
+pub const MOST_NAMED: usize = 64;
+/// How long a silent replica is named after its last heartbeat: the quota service's
+/// counts live in sliding windows of 10 s (`rlqs::fair::DEMAND_WINDOW`), gone after two of
+/// them, so a replica crash-looping with a fresh id each start costs a report peeks for
+/// this long, not for the whole grace.
+pub const SILENT_NAMED_FOR: Duration = Duration::from_secs(25);
 /// The registry's script.
 static SCRIPT: SideScript = SideScript::new(include_str!("../../lua/replicas.lua"));
 /// The registry's key (under the key prefix), one slot of a Redis Cluster.
@@ -42,9 +48,7 @@ pub struct View {
     pub live: u32,
     /// Known replicas: the live ones and the silent ones heard within the grace.
     pub known: u32,
-    /// The live replicas' ids, this one's included, at most [`MOST_NAMED`].
-    pub ids: Vec<Arc<str>>,
-    /// The silent ones' (known, not live), at most [`MOST_NAMED`].
+    /// The silent ones heard within [`SILENT_NAMED_FOR`], at most [`MOST_NAMED`].
     pub silent: Vec<Arc<str>>,
 }
 
@@ -143,6 +147,7 @@ impl Registry {
                 self.grace.as_millis().to_string(),
                 u8::from(leaving).to_string(),
                 MOST_NAMED.to_string(),
+                SILENT_NAMED_FOR.as_millis().to_string(),
             ],
         };
         let reply = backend.side_call(&call).await?;
@@ -167,8 +172,7 @@ impl Registry {
         Ok(View {
             live: count(values.first())?,
             known: count(values.get(1))?,
-            ids: ids(values.get(2)),
-            silent: ids(values.get(3)),
+            silent: ids(values.get(2)),
         })
     }
 }

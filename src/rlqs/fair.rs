@@ -257,6 +257,12 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_replica_is_named_until_its_counts_are_gone() {
+        let named = crate::limiter::replicas::SILENT_NAMED_FOR;
+        assert!(named >= 2 * DEMAND_WINDOW, "{named:?}");
+    }
+
+    #[test]
     fn an_honest_stream_below_its_fair_share_gets_its_demand() {
         // Issue 46: 30/s of a 100/s bucket beside a stream claiming everything.
         let [honest, hostile] = rates(&[30.0, 1e12], 100.0)[..] else {

@@ -1167,3 +1167,45 @@ async fn a_client_that_never_reads_is_ended_and_its_buckets_freed() {
     drop(quota);
     server.stop().await;
 }
+
+/// A replica crash-looping with a fresh id each start leaves a trail of silent entries in
+/// the registry, each of which would cost every quota report three peeks: only those silent
+/// for less than `SILENT_NAMED_FOR` (25 s, past which their counts are gone) are named, at
+/// most `MOST_NAMED`, whatever the trail.
+#[tokio::test]
+async fn a_crash_looping_replica_costs_a_report_a_bounded_number_of_peeks() {
+    use floodgate::backend::RedisBackend;
+    use floodgate::limiter::replicas::{MOST_NAMED, Registry};
+    let redis = RedisServer::start();
+    let now_ms: i64 = {
+        let time = redis.cli(&["TIME"]);
+        let mut words = time
+            .split_whitespace()
+            .map(|w| w.parse::<i64>().expect("a number"));
+        let (seconds, micros) = (words.next().expect("s"), words.next().expect("us"));
+        seconds * 1000 + micros / 1000
+    };
+    let key = "fg:{floodgate-replicas}";
+    // 100 starts silent for 10 s, 300 silent for a minute (still within the 2 min grace).
+    for (count, silent_ms, tag) in [(100, 10_000, "recent"), (300, 60_000, "old")] {
+        let mut args = vec!["ZADD".to_owned(), key.to_owned()];
+        for i in 0..count {
+            args.push((now_ms - silent_ms).to_string());
+            args.push(format!("{tag}-{i}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        redis.cli(&args);
+    }
+    let backend = RedisBackend::connect(&redis.url(), redis_options(Duration::from_secs(2)))
+        .await
+        .expect("connects");
+    let registry = Registry::new(Duration::from_secs(120));
+    let view = registry.beat(&backend).await.expect("answered");
+    assert_eq!((view.live, view.known), (1, 401));
+    assert_eq!(view.silent.len(), MOST_NAMED.min(100));
+    assert!(
+        view.silent.iter().all(|id| id.starts_with("recent-")),
+        "{:?}",
+        view.silent
+    );
+}

@@ -295,35 +295,28 @@ fn region_flags_name_each_peer_on_the_backends_kind() {
 
 #[test]
 fn region_flags_that_cannot_work_are_refused() {
-    let refused = |flags: &[&str]| serve(flags).settings().is_err();
-    // Peers without a region, a peer without its name, a region on the memory backend.
-    assert!(refused(&[
-        "--backend",
-        "redis",
-        "--peer-region",
-        "us=redis://h:1"
-    ]));
-    assert!(refused(&[
-        "--backend",
-        "redis",
-        "--region",
-        "eu",
-        "--peer-region",
-        "redis://h:1"
-    ]));
-    assert!(refused(&[
-        "--region",
-        "eu",
-        "--peer-region",
-        "us=redis://h:1"
-    ]));
-    assert!(refused(&["--failure-mode", "local"]));
-    assert!(refused(&[
-        "--backend",
-        "redis",
-        "--region",
-        "eu",
-        "--peer-region",
-        "eu=redis://h:1"
-    ]));
+    // Each after `--backend redis` unless it names its own: peers without a region, a peer
+    // without its name, a region on the memory backend, local on memory, a peer named as
+    // this region.
+    let refused: [&[&str]; 5] = [
+        &["--peer-region", "us=redis://h:1"],
+        &["--region", "eu", "--peer-region", "redis://h:1"],
+        &[
+            "--backend",
+            "memory",
+            "--region",
+            "eu",
+            "--peer-region",
+            "us=redis://h:1",
+        ],
+        &["--backend", "memory", "--failure-mode", "local"],
+        &["--region", "eu", "--peer-region", "eu=redis://h:1"],
+    ];
+    for flags in refused {
+        let mut line = flags.to_vec();
+        if !flags.contains(&"--backend") {
+            line.extend(["--backend", "redis"]);
+        }
+        assert!(serve(&line).settings().is_err(), "{flags:?}");
+    }
 }

@@ -629,13 +629,10 @@ impl Metrics {
 
     /// Sets the replica registry's counts.
     pub fn replicas_seen(&self, live: u32, known: u32) {
-        for (kind, count) in [("live", live), ("known", known)] {
-            self.replicas
-                .get_or_create(&KindLabels {
-                    kind: kind.to_owned(),
-                })
-                .set(i64::from(count));
-        }
+        set_by_kind(
+            &self.replicas,
+            [("live", i64::from(live)), ("known", i64::from(known))],
+        );
     }
 
     /// Counts `amount` of lease moved between regions, `granted` or `received`.
@@ -649,13 +646,13 @@ impl Metrics {
 
     /// Sets how many peer regions answered the latest period.
     pub fn region_peers_seen(&self, reachable: usize, unreachable: usize) {
-        for (kind, count) in [("reachable", reachable), ("unreachable", unreachable)] {
-            self.region_peers
-                .get_or_create(&KindLabels {
-                    kind: kind.to_owned(),
-                })
-                .set(count as i64);
-        }
+        set_by_kind(
+            &self.region_peers,
+            [
+                ("reachable", reachable as i64),
+                ("unreachable", unreachable as i64),
+            ],
+        );
     }
 
     /// Counts one request answered by the failure mode.
@@ -678,6 +675,17 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Sets each `(kind, value)` of a gauge family labelled by kind.
+fn set_by_kind<const N: usize>(family: &Family<KindLabels, Gauge>, values: [(&str, i64); N]) {
+    for (kind, value) in values {
+        family
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .set(value);
     }
 }
 

@@ -574,11 +574,15 @@ async fn an_envoy_moved_to_another_replica_keeps_its_rate() {
     b.stop().await;
 }
 
-/// A lone Envoy at 800/s under 1,000/s (60,000 a minute) whose replica dies (SIGKILL: its stream withdraws
-/// nothing) gets its demand on the other replica within 10 s (issue 47): the dead replica
-/// goes silent in the registry within `LIVE_FOR` (3 s), and its streams' counts, kept apart
-/// as well as shared, come out of the totals. Counted until they faded (two 10 s demand
-/// windows), they left the Envoy about half the room.
+/// A lone Envoy at 800/s under 1,000/s (60,000 a minute) whose replica dies (SIGKILL: its
+/// stream withdraws nothing) gets its demand on the other replica within 10 s (issue 47):
+/// the dead replica goes silent in the registry within `LIVE_FOR` (3 s), and its streams'
+/// counts, kept apart as well as shared, come out of the totals. Counted until they faded
+/// (two 10 s demand windows), they left the Envoy about half the room. Envoy's side, in
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` of
+/// envoyproxy/envoy @ c33e7f82: `onRemoteClose` drops the stream, `onSendReportsTimer`
+/// reopens it with the next periodic report, and `getUsageFromBucket` counts that report's
+/// `time_elapsed` from the bucket's last report, whatever the stream: 5 s here.
 #[tokio::test]
 async fn an_envoy_whose_replica_died_gets_its_demand_on_the_next() {
     let redis = RedisServer::start();

@@ -10,12 +10,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::backend::BackendSettings;
 use floodgate::bench::proxy::Proxy;
-use floodgate::clock::{Clock, SystemClock};
 use floodgate::limiter::FailureMode;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
+use crate::common;
 use crate::common::redis::RedisServer;
 use crate::common::{TestServer, descriptor, eventually, redis_options, request, sample, scrape};
 
@@ -52,12 +52,6 @@ fn is_local(response: &RateLimitResponse) -> bool {
         .response_headers_to_add
         .iter()
         .any(|header| header.key == "x-floodgate-fallback" && header.value == "local")
-}
-
-/// Waits for the start of the next second, plus a little.
-async fn next_second() {
-    let into = SystemClock.now_ms().rem_euclid(1000) as u64;
-    tokio::time::sleep(Duration::from_millis(1000 - into + 30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +93,7 @@ async fn a_replica_cut_off_from_redis_enforces_its_share() {
     }
     let mut admitted_per_window = Vec::new();
     for _ in 0..4 {
-        next_second().await;
+        common::start_of_the_next_second().await;
         // Twice the limit, evenly: 20 a replica, the three at once.
         let started = tokio::time::Instant::now();
         let counts =

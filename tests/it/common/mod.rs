@@ -49,6 +49,13 @@ pub async fn away_from_an_hour_boundary() {
     }
 }
 
+/// Waits for the start of the next second of the wall clock, plus a little: a test that
+/// counts a per-second window must not have it roll over between its calls.
+pub async fn start_of_the_next_second() {
+    let into = SystemClock.now_ms().rem_euclid(1000) as u64;
+    tokio::time::sleep(Duration::from_millis(1000 - into + 30)).await;
+}
+
 /// Runs `check` every 50 ms until it holds, for at most `limit`, and says whether it did:
 /// for what settles in the background (a reload, a reconnection, a flush, an exit). The
 /// caller asserts on the answer, or on what `check` recorded on its last run. Runs on Tokio's

@@ -43,6 +43,12 @@ pub const EXCESS_WINDOWS: u32 = 3;
 /// An assignment lives this many reporting intervals unless refreshed, so one lost or late
 /// report never lets it expire.
 pub const TTL_INTERVALS: u32 = 3;
+/// The smallest bucket assigned. Envoy's token bucket drops what refills past its
+/// `max_tokens` (`TokenBucketImpl::consume` in `source/common/common/token_bucket_impl.cc`
+/// caps the refill), so a bucket of one token loses the fill between a token's completion
+/// and the request that takes it: at a token a second and six requests a second, 8% of the
+/// rate. With room for a second token a busy stream's bucket never fills, and keeps it all.
+pub const MIN_TOKENS: f64 = 2.0;
 /// Tokens one fill should carry at least, so that rounding `tokens_per_fill` to an integer
 /// moves the rate by at most 0.5%: the fill interval (whole seconds) grows for slow rates.
 const TOKENS_PER_FILL: f64 = 100.0;
@@ -121,7 +127,7 @@ pub fn size(policy: &Policy, budget: Budget, fraction: f64, interval: Duration) 
     }
 }
 
-/// A token bucket of `burst` tokens (at least 1) refilled at `rate` per second (at least
+/// A token bucket of `burst` tokens (at least [`MIN_TOKENS`]) refilled at `rate` per second (at least
 /// one token per hour): a whole number of seconds per fill, long enough that the integer
 /// `tokens_per_fill` carries the rate closely. Envoy refills continuously, so a long
 /// interval admits nothing later than a short one would.
@@ -130,7 +136,7 @@ fn token_bucket(burst: f64, rate: f64) -> Strategy {
     let seconds = (TOKENS_PER_FILL / rate).ceil().clamp(1.0, MAX_FILL_SECONDS);
     let tokens_per_fill = (rate * seconds).round().clamp(1.0, f64::from(u32::MAX));
     Strategy::TokenBucket {
-        max_tokens: burst.clamp(1.0, f64::from(u32::MAX)) as u32,
+        max_tokens: burst.clamp(MIN_TOKENS, f64::from(u32::MAX)) as u32,
         tokens_per_fill: tokens_per_fill as u32,
         fill_interval: Duration::from_secs(seconds as u64),
     }
@@ -352,8 +358,8 @@ mod tests {
         else {
             unreachable!()
         };
-        // Less than a second's rate: the one token every bucket holds.
-        assert_eq!(max_tokens, 1);
+        // Less than a second's rate: the two tokens every bucket holds.
+        assert_eq!(max_tokens, 2);
         // 0.5 * 60 * 0.95 per hour: 28.5 tokens (28 in floating point) over the longest fill
         // interval, an hour.
         assert_eq!(fill_interval, Duration::from_secs(3600));

@@ -313,3 +313,35 @@ fn a_lost_stream_drops_immediate_reports_and_reopens_at_the_next_tick() {
     let next = envoy.tick(start + REPORT_INTERVAL * 2).expect("due");
     assert!(!next.opens_stream);
 }
+
+/// Admitted of `seconds` of six requests a second, on a token bucket of `max` tokens
+/// filled with 19 every 20 s (0.95 a second, as floodgate assigns 10 streams sharing 100
+/// per 10 s), started empty.
+fn busy_client_admits(max: u32, seconds: u64) -> usize {
+    let start = Instant::now();
+    let mut envoy = SimulatedEnvoy::new(config(None), start);
+    envoy.request(&id("a"), start);
+    envoy.apply(
+        &answer("a", tokens(max, 19, duration(20, 0)), duration(3600, 0)),
+        start,
+    );
+    admitted(&mut envoy, "a", start, max as usize);
+    (1..=seconds * 6)
+        .filter(|step| {
+            let now = start + Duration::from_millis(step * 1000 / 6);
+            envoy.request(&id("a"), now).0
+        })
+        .count()
+}
+
+#[test]
+fn a_bucket_drops_its_fill_past_max_tokens_so_one_token_loses_rate() {
+    // Envoy caps the refill at `max_tokens`: with one token, what fills between a token's
+    // completion and the request that takes it is lost; with floodgate's smallest bucket a
+    // busy client's bucket never fills and keeps the whole rate (95 of 100 s at 0.95/s).
+    let rate = 0.95 * 100.0;
+    let one = busy_client_admits(1, 100) as f64;
+    let smallest = busy_client_admits(crate::rlqs::assign::MIN_TOKENS as u32, 100) as f64;
+    assert!(one < 0.94 * rate, "one token: {one}");
+    assert!(smallest >= rate - 1.0, "smallest bucket: {smallest}");
+}

@@ -144,6 +144,6 @@ async fn duplicates_in_one_report_count_once_at_most_at_the_limits_rate() {
     // 10 an hour over the 5 s a first report covers: not one whole request to claim.
     assert_eq!(bucket.own_counts.demand, 0);
     assert!(bucket.demand_rate <= 10.0 / 3600.0);
-    // Its 5 s of presence, of which the windows may hold a little less (spread over them).
-    assert!((4_000..=5_000).contains(&bucket.own_counts.presence_ms));
+    // Its 5 s of presence, weighted by where in the window it landed.
+    assert!((3_333..=10_000).contains(&bucket.own_counts.presence_ms));
 }

@@ -118,12 +118,11 @@ impl Tracked {
         let per_second = fair::demand_rate(claimed, covered, bucket.interval, limit_rate);
         bucket.demand_rate = per_second;
         let counted = fair::booked(claimed, per_second, covered, bucket.fair);
-        // Spread like the requests, as the windows hold them.
-        let spread = |count| spread::booked_now(&fair::counter_policy(), count, covered, now_ms);
+        let weighted = |count| fair::weighted(count, now_ms);
         let counted = Booked {
-            demand: spread(counted.demand),
-            capped: spread(counted.capped),
-            presence_ms: spread(counted.presence_ms),
+            demand: weighted(counted.demand),
+            capped: weighted(counted.capped),
+            presence_ms: weighted(counted.presence_ms),
         };
         bucket
             .unbooked

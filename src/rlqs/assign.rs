@@ -24,9 +24,10 @@ use super::strategy::{Assignment, Strategy};
 
 /// The part of a stream's share handed out as burst (`max_tokens`) rather than as rate.
 pub const BURST_FRACTION: f64 = 0.05;
-/// The most a burst holds, in seconds of the rule's rate: a change of assignment starts a
-/// full bucket, and with 5% of a minute's limit each change of 10 streams handed out 3,000
-/// of 60,000 tokens at once (1.075 of the limit per minute).
+/// The most a burst holds, in seconds of the rule's rate: a first assignment starts a full
+/// bucket (and so did every change, with Envoy 1.32 and older), and with 5% of a minute's
+/// limit each change of 10 streams handed out 3,000 of 60,000 tokens at once (1.075 of the
+/// limit per minute).
 pub const BURST_SECONDS: f64 = 1.0;
 /// The part of the limit left out of the rates for the error of the shares: each stream
 /// estimates everyone else's demand from counters read at its own report, and those
@@ -166,8 +167,9 @@ pub fn same_for_envoy(current: &Strategy, next: &Strategy) -> bool {
 /// `next`, changed so that Envoy sees it differ from `current` when it does. Slow rates
 /// all fill [`TOKENS_PER_FILL`] tokens and differ only in the seconds, which Envoy does not
 /// compare: such a token bucket fills one token fewer (or more) over a fill interval
-/// rescaled to keep its rate. `max_tokens` stays, since a changed bucket starts full: one
-/// token more there was one more token handed out by every change of a slow rate.
+/// rescaled to keep its rate. `max_tokens` stays: with Envoy 1.32 and older a changed bucket
+/// started full, and one token more there was one more token handed out by every change of
+/// a slow rate.
 pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
     let Strategy::TokenBucket {
         max_tokens,

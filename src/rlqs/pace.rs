@@ -1,9 +1,9 @@
 //! When a stream may start a slow token bucket, so that many streams sharing one bucket do
 //! not refill in step.
 //!
-//! Envoy starts a changed token bucket full and refills it from that moment
-//! (`createTokenBucketFromAction` in
-//! `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`). When a
+//! Envoy refills a token bucket from the moment it takes it (`createTokenBucketFromAction`
+//! in `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`; since 1.33 a
+//! changed one starts at the old one's fill ratio, rounded down, not full). When a
 //! stream's share is less than a token per reporting interval (100 Envoys on 100 requests
 //! per 10 s: one token every 11 s each), the moment of the push sets when its tokens come.
 //! Pushed at the streams' reports, which all fall within one 5 s interval, the tokens of

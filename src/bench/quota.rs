@@ -31,6 +31,8 @@ struct Seen {
     admitted: HashMap<(usize, u64), u64>,
     denied: u64,
     latencies: Vec<Duration>,
+    /// From the start to the answer of the stream's first report.
+    first_answer: Option<Duration>,
     applied: HashMap<&'static str, u64>,
     error: Option<String>,
 }
@@ -63,6 +65,9 @@ pub struct QuotaSummary {
     pub actions: HashMap<&'static str, u64>,
     /// Time from a report to its answer, ms, for the reports sent after the warm-up.
     pub push_latency_ms: Percentiles,
+    /// The cold start: every stream's first report goes at the start, as after a rollout;
+    /// the time from the start to each stream's first answer, ms.
+    pub cold_start_ms: Percentiles,
     /// Streams that ended with an error, and the first error.
     pub stream_errors: usize,
     /// The first stream error.
@@ -246,9 +251,11 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                     let acted = answer.bucket_action.len();
                     if pending.front().is_some_and(|&(_, named)| acted >= named)
                         && let Some((sent, _)) = pending.pop_front()
-                        && sent >= warm
                     {
-                        seen.latencies.push(now - sent);
+                        seen.first_answer.get_or_insert(now - start);
+                        if sent >= warm {
+                            seen.latencies.push(now - sent);
+                        }
                     }
                     for applied in client.apply(&answer, now) {
                         *seen.applied.entry(applied.label()).or_default() += 1;
@@ -325,6 +332,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
     let last_window = (begun_ms + args.duration.as_millis() as u64) / window_ms;
     let mut per_window: HashMap<(usize, u64), u64> = HashMap::new();
     let mut latencies = Vec::new();
+    let mut cold = Vec::new();
     let mut actions: HashMap<&'static str, u64> = HashMap::new();
     let (mut admitted, mut denied, mut errors, mut first_error) = (0, 0, 0, None);
     for seen in all {
@@ -334,6 +342,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
         }
         denied += seen.denied;
         latencies.extend(seen.latencies);
+        cold.extend(seen.first_answer);
         for (label, count) in seen.applied {
             *actions.entry(label).or_default() += count;
         }
@@ -367,6 +376,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
         denied,
         actions,
         push_latency_ms: Percentiles::of(latencies),
+        cold_start_ms: Percentiles::of(cold),
         stream_errors: errors,
         first_error,
     }

@@ -535,11 +535,13 @@ def rlqs_servers(harness, binary, rules, backend, pins):
             for _ in range(2)]
 
 
-def rlqs_bench(harness, binary, servers, args, seconds, name, pins):
+def rlqs_bench(harness, binary, servers, args, seconds, name, pins, rule=("quota", RLQS_LIMIT)):
+    """Simulated Envoys on `rule` (a key of the bench rules and its limit) over `servers`."""
     replicas = [arg for server in servers[1:] for arg in ("--rlqs-replica", server.target)]
+    key, limit = rule
     return Bench(harness, binary, servers[0].target,
-                 ["--duration", f"{seconds}s", "--rlqs", "--key", "quota", "--rlqs-limit",
-                  str(RLQS_LIMIT), *replicas, *args], name,
+                 ["--duration", f"{seconds}s", "--rlqs", "--key", key, "--rlqs-limit",
+                  str(limit), *replicas, *args], name,
                  prefix=pinned(pins and pins[1], []))
 
 

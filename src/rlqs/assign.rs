@@ -49,6 +49,7 @@ pub const TTL_INTERVALS: u32 = 3;
 /// caps the refill), so a bucket of one token loses the fill between a token's completion
 /// and the request that takes it: at a token a second and six requests a second, 8% of the
 /// rate. With room for a second token a busy stream's bucket never fills, and keeps it all.
+/// A rule that holds less (a limit of 1, a `burst` of 1) gets what it holds.
 pub const MIN_TOKENS: f64 = 2.0;
 /// Tokens one fill should carry at least, so that rounding `tokens_per_fill` to an integer
 /// moves the rate by at most 0.5%: the fill interval (whole seconds) grows for slow rates.
@@ -120,7 +121,10 @@ pub fn size(policy: &Policy, budget: Budget, fraction: f64, interval: Duration) 
     };
     let burst =
         (capacity.min(budget.remaining) as f64 * BURST_FRACTION).min(per_second * BURST_SECONDS);
-    let burst = (fraction * burst).ceil();
+    // Never more than the rule itself holds (a limit of 1, a `burst` of 1).
+    let burst = (fraction * burst)
+        .ceil()
+        .max(MIN_TOKENS.min(capacity as f64));
     let rate = fraction * room(per_second);
     Assignment {
         strategy: token_bucket(burst, rate),
@@ -128,7 +132,7 @@ pub fn size(policy: &Policy, budget: Budget, fraction: f64, interval: Duration) 
     }
 }
 
-/// A token bucket of `burst` tokens (at least [`MIN_TOKENS`]) refilled at `rate` per second (at least
+/// A token bucket of `burst` tokens (at least 1) refilled at `rate` per second (at least
 /// one token per hour): a whole number of seconds per fill, long enough that the integer
 /// `tokens_per_fill` carries the rate closely. Envoy refills continuously, so a long
 /// interval admits nothing later than a short one would.
@@ -137,7 +141,7 @@ fn token_bucket(burst: f64, rate: f64) -> Strategy {
     let seconds = (TOKENS_PER_FILL / rate).ceil().clamp(1.0, MAX_FILL_SECONDS);
     let tokens_per_fill = (rate * seconds).round().clamp(1.0, f64::from(u32::MAX));
     Strategy::TokenBucket {
-        max_tokens: burst.clamp(MIN_TOKENS, f64::from(u32::MAX)) as u32,
+        max_tokens: burst.clamp(1.0, f64::from(u32::MAX)) as u32,
         tokens_per_fill: tokens_per_fill as u32,
         fill_interval: Duration::from_secs(seconds as u64),
     }
@@ -205,7 +209,7 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
         // One token an hour or a fill of u32::MAX: no neighbour keeps the rate, so the
         // size moves, down where it can.
         None => Strategy::TokenBucket {
-            max_tokens: if max_tokens > 1 {
+            max_tokens: if max_tokens > MIN_TOKENS as u32 {
                 max_tokens - 1
             } else {
                 max_tokens + 1
@@ -366,6 +370,17 @@ mod tests {
         // interval, an hour.
         assert_eq!(fill_interval, Duration::from_secs(3600));
         assert_eq!(tokens_per_fill, 28);
+    }
+
+    #[test]
+    fn a_bucket_holds_two_tokens_at_least_and_never_more_than_the_rule() {
+        let bucket =
+            |policy: &Policy| match size(policy, open(1, 3_600_000), 0.01, INTERVAL).strategy {
+                Strategy::TokenBucket { max_tokens, .. } => max_tokens,
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(bucket(&Policy::fixed_window(100, Unit::Hour)), 2);
+        assert_eq!(bucket(&Policy::fixed_window(1, Unit::Hour)), 1);
     }
 
     #[test]

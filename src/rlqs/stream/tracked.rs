@@ -221,7 +221,7 @@ impl Tracked {
         self.slot = pace::slot(self.slot, wait, now);
         let slot = self.slot.map(|slot| slot - now);
         if let Some(wait) = slot {
-            strategy = pace::held(running.map(|sent| sent.strategy), &strategy);
+            strategy = pace::held(running.map(|sent| sent.strategy), &strategy, wait);
             lives = ttl + assign::whole_seconds(wait);
             changed = changes(&strategy);
         }

@@ -145,21 +145,39 @@ pub fn booked(demand: u64, per_second: f64, covered: Duration, fair: f64) -> Boo
     }
 }
 
-/// What to book now of `count` counted by a report at `now_ms` (since the epoch), so that
-/// over time the demand window holds it `count` on average wherever in the window the
-/// report lands. A sliding window (windows aligned to the epoch) holds a booking made a
-/// fraction `q` into its window whole for `1 - q` of a window and then, fading, half a
-/// window more: `1.5 - q` windows, so it is booked at `1 / (1.5 - q)`. Booked whole, a
-/// stream's counts depended on where its reports fell: with Envoy's 5 s reports on 10 s
-/// windows by up to 25% either way, for good, as its phase stays. Booked spread over the time
-/// it covered (as a bucket's requests are), every stream read the others' counts 5.6% low
-/// and so took more than its share (1.065 of the limit with 10 Envoys).
-pub fn weighted(count: u64, now_ms: i64) -> u64 {
-    let window = DEMAND_WINDOW.as_millis() as i128;
-    let into = i128::from(now_ms).rem_euclid(window);
-    // count * window / (1.5 * window - into), rounded to the nearest.
-    let (numerator, denominator) = (2 * i128::from(count) * window, 3 * window - 2 * into);
-    u64::try_from((2 * numerator + denominator) / (2 * denominator)).unwrap_or(u64::MAX)
+/// Weighs what a stream's reports count by where in the demand window they land, so that
+/// over time the window holds each count whole on average wherever its report falls. A
+/// sliding window (windows aligned to the epoch) holds a booking made a fraction `q` into
+/// its window whole for `1 - q` of a window and then, fading, half a window more: `1.5 - q`
+/// windows, so it is booked at `1 / (1.5 - q)`. Booked whole, a stream's counts depended on
+/// where its reports fell: with Envoy's 5 s reports on 10 s windows by up to 25% either
+/// way, for good, as its phase stays. Booked spread over the time they covered (as a
+/// bucket's requests are), every stream read the others' counts 5.6% low and so took more
+/// than its share (1.065 of the limit with 10 Envoys). What rounding leaves of each count
+/// is carried to the stream's next report, so a slow share's single requests are not read
+/// high.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Weigher([f64; 3]);
+
+impl Weigher {
+    /// What to book of `counted`, reported at `now_ms` (since the epoch).
+    pub fn weigh(&mut self, counted: Booked, now_ms: i64) -> Booked {
+        let window = DEMAND_WINDOW.as_millis() as f64;
+        let into = now_ms.rem_euclid(DEMAND_WINDOW.as_millis() as i64) as f64;
+        let weight = window / (1.5 * window - into);
+        let counts = [counted.demand, counted.capped, counted.presence_ms];
+        let [demand, capped, presence_ms] = std::array::from_fn(|i| {
+            let exact = counts[i] as f64 * weight + self.0[i];
+            let whole = exact.floor().max(0.0);
+            self.0[i] = exact - whole;
+            whole as u64
+        });
+        Booked {
+            demand,
+            capped,
+            presence_ms,
+        }
+    }
 }
 
 /// The other streams' rates: the shared counts (`total`) less the stream's own (`own`),
@@ -275,7 +293,7 @@ mod tests {
 
     /// The mean over 200 s, read every 10 ms, of what the demand window holds of a stream
     /// reporting 5,000 ms of presence every 5 s from `phase_ms` on, each booked by `book`.
-    fn held_on_average(phase_ms: i64, book: impl Fn(u64, i64) -> u64) -> f64 {
+    fn held_on_average(phase_ms: i64, mut book: impl FnMut(u64, i64) -> u64) -> f64 {
         let policy = counter_policy();
         let mut counter = Bucket::new(Algorithm::SlidingWindow);
         let (start, end) = (1_000_000_000 + phase_ms, 1_000_200_000);
@@ -299,6 +317,14 @@ mod tests {
         let (mut whole_seen, mut weighted_seen) = (Vec::new(), Vec::new());
         for phase_ms in (0..5_000).step_by(250) {
             whole_seen.push(held_on_average(phase_ms, whole) / 10_000.0);
+            let mut weigher = Weigher::default();
+            let weighted = |count, now| {
+                let presence = Booked {
+                    presence_ms: count,
+                    ..Booked::default()
+                };
+                weigher.weigh(presence, now).presence_ms
+            };
             weighted_seen.push(held_on_average(phase_ms, weighted) / 10_000.0);
         }
         let spread = |seen: &[f64]| {
@@ -313,6 +339,24 @@ mod tests {
         // Weighted: 10 s of presence on average, whatever the phase.
         let (low, high) = spread(&weighted_seen);
         assert!(low > 0.98 && high < 1.02, "{weighted_seen:?}");
+    }
+
+    #[test]
+    fn single_requests_weigh_one_each_on_average() {
+        // A request every 7.3 s: its weights round to 1 or 2 one by one, and to the
+        // reports' mean weight in all.
+        let mut weigher = Weigher::default();
+        let one = Booked {
+            demand: 1,
+            ..Booked::default()
+        };
+        let reports = 10_000_i64;
+        let booked: u64 = (0..reports)
+            .map(|k| weigher.weigh(one, 1_000_000 + k * 7_300).demand)
+            .sum();
+        // The mean of 1 / (1.5 - q) over q in [0, 1) is ln 3, 1.0986.
+        let mean = booked as f64 / reports as f64;
+        assert!((mean - 3.0_f64.ln()).abs() < 0.01, "{mean}");
     }
 
     #[test]

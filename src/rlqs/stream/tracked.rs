@@ -11,7 +11,7 @@ use crate::backend::BackendError;
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{FailureMode, Fallback, QuotaRule};
 
-use super::super::fair::{self, Allowance, Booked, Counts, OwnCounts};
+use super::super::fair::{self, Allowance, Counts, OwnCounts, Weigher};
 use super::super::ledger::{self, Pending};
 use super::super::strategy::{Assignment, Strategy};
 use super::super::validate::{BucketPairs, Usage};
@@ -33,6 +33,8 @@ pub(super) struct Tracked {
     pub(super) unbooked: Pending,
     /// What the stream may still claim of the bucket's demand ([`fair::Allowance`]).
     pub(super) allowance: Allowance,
+    /// Weighs its counts by where they land in the demand window ([`fair::Weigher`]).
+    pub(super) weigher: Weigher,
     /// The stream's own fairness counters, and their counts after its latest report.
     pub(super) own: OwnCounts,
     pub(super) own_counts: Counts,
@@ -69,6 +71,7 @@ impl Tracked {
             last_report: None,
             unbooked: Pending::default(),
             allowance: Allowance::default(),
+            weigher: Weigher::default(),
             own: OwnCounts::default(),
             own_counts: Counts::default(),
             demand_rate: 0.0,
@@ -118,12 +121,7 @@ impl Tracked {
         let per_second = fair::demand_rate(claimed, covered, bucket.interval, limit_rate);
         bucket.demand_rate = per_second;
         let counted = fair::booked(claimed, per_second, covered, bucket.fair);
-        let weighted = |count| fair::weighted(count, now_ms);
-        let counted = Booked {
-            demand: weighted(counted.demand),
-            capped: weighted(counted.capped),
-            presence_ms: weighted(counted.presence_ms),
-        };
+        let counted = bucket.weigher.weigh(counted, now_ms);
         bucket
             .unbooked
             .add(booked, counted, usage.elapsed, MAX_PENDING);

@@ -78,7 +78,7 @@ pub struct EnvoyConfig {
 /// What applying one action did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
-    /// A new enforcement (a new token bucket starts full).
+    /// A new enforcement (a new token bucket starts, full or at the old one's fill ratio).
     Changed,
     /// The same enforcement: only its TTL moved.
     Extended,

@@ -31,7 +31,7 @@ struct Seen {
     admitted: HashMap<(usize, u64), u64>,
     denied: u64,
     latencies: Vec<Duration>,
-    /// From the start to the answer of the stream's first report.
+    /// From the stream's first report to its answer.
     first_answer: Option<Duration>,
     applied: HashMap<&'static str, u64>,
     error: Option<String>,
@@ -61,12 +61,12 @@ pub struct QuotaSummary {
     pub admitted: u64,
     /// Requests denied.
     pub denied: u64,
-    /// Actions applied, by effect (`changed` starts a full token bucket).
+    /// Actions applied, by effect (`changed` starts a new token bucket).
     pub actions: HashMap<&'static str, u64>,
     /// Time from a report to its answer, ms, for the reports sent after the warm-up.
     pub push_latency_ms: Percentiles,
-    /// The cold start: every stream's first report goes at the start, as after a rollout;
-    /// the time from the start to each stream's first answer, ms.
+    /// The cold start: every stream's first report goes out at once, as after a rollout;
+    /// the time from each stream's first report to its answer, ms.
     pub cold_start_ms: Percentiles,
     /// Streams that ended with an error, and the first error.
     pub stream_errors: usize,
@@ -252,7 +252,7 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                     if pending.front().is_some_and(|&(_, named)| acted >= named)
                         && let Some((sent, _)) = pending.pop_front()
                     {
-                        seen.first_answer.get_or_insert(now - start);
+                        seen.first_answer.get_or_insert(now - sent);
                         if sent >= warm {
                             seen.latencies.push(now - sent);
                         }

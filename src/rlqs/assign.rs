@@ -46,7 +46,8 @@ pub const EXCESS_WINDOWS: u32 = 3;
 pub const TTL_INTERVALS: u32 = 3;
 /// The smallest bucket assigned. Envoy's token bucket drops what refills past its
 /// `max_tokens` (`TokenBucketImpl::consume` in `source/common/common/token_bucket_impl.cc`
-/// caps the refill), so a bucket of one token loses the fill between a token's completion
+/// of envoyproxy/envoy @ 040783c8 sets the level to the lesser of the refilled level and
+/// `max_tokens`), so a bucket of one token loses the fill between a token's completion
 /// and the request that takes it: at a token a second and six requests a second, 8% of the
 /// rate. With room for a second token a busy stream's bucket never fills, and keeps it all.
 /// A rule that holds less (a limit of 1, a `burst` of 1) gets what it holds.

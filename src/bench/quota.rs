@@ -222,19 +222,21 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
     let mut open: Option<Open> = None;
     // Reports awaiting their answer: when each was sent, and how many buckets it named.
     let mut pending: VecDeque<(Instant, usize)> = VecDeque::new();
+    // The finest step between two wakes; between requests an Envoy sleeps until the next
+    // one is owed or its report is due, so a fleet of slow Envoys costs the generator little.
     let step = if args.rlqs_streams > 100 {
         Duration::from_millis(20)
     } else {
         Duration::from_millis(5)
     };
+    let rate = args.rlqs_offered.per_second();
     let (mut owed, mut last) = (0.0, start);
     let end = start + args.duration;
     // Every Envoy's first request comes in the same step, so the first reports (one a
     // bucket, on streams opened at that moment) all queue at once: a cold start, not the
     // latency of a running stream. Like the admitted windows, they are not counted.
     let warm = start.checked_add(args.rlqs_warmup).unwrap_or(end);
-    let mut ticker = tokio::time::interval(step);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut wake = start;
     while Instant::now() < end {
         let answer = async {
             match open.as_mut() {
@@ -270,9 +272,9 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                     client.stream_lost();
                 }
             },
-            _ = ticker.tick() => {
+            _ = tokio::time::sleep_until(wake.into()) => {
                 let now = Instant::now();
-                owed += args.rlqs_offered.per_second() * (now - last).as_secs_f64();
+                owed += rate * (now - last).as_secs_f64();
                 last = now;
                 let window = epoch_ms() / args.rlqs_window.as_millis().max(1) as u64;
                 let mut outgoing = Vec::new();
@@ -289,6 +291,7 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                     }
                 }
                 outgoing.extend(client.tick(now));
+                wake = next_wake(now, owed, rate, step, client.next_tick());
                 for report in outgoing {
                     // A report of no bucket gets no answer to time.
                     let named = report.report.bucket_quota_usages.len();
@@ -305,6 +308,17 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
         }
     }
     seen
+}
+
+/// When an Envoy that owes `owed` requests at `rate` a second wakes next: when its next
+/// request is owed or its report is due, whichever is first, and at least `step` after `now`.
+fn next_wake(now: Instant, owed: f64, rate: f64, step: Duration, report: Instant) -> Instant {
+    let request = if rate > 0.0 {
+        now + Duration::from_secs_f64(((1.0 - owed) / rate).clamp(0.0, 3600.0))
+    } else {
+        report
+    };
+    request.min(report).max(now + step)
 }
 
 /// Sends one report, opening the stream first when the report says so.
@@ -379,5 +393,29 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
         cold_start_ms: Percentiles::of(cold),
         stream_errors: errors,
         first_error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_envoy_sleeps_until_its_next_request_or_report() {
+        let now = Instant::now();
+        let step = Duration::from_millis(20);
+        let far = now + Duration::from_secs(5);
+        // Owes a quarter of a request at 1/s: the next one is owed in 750 ms.
+        assert_eq!(
+            next_wake(now, 0.25, 1.0, step, far),
+            now + Duration::from_millis(750)
+        );
+        // A report due sooner comes first.
+        let soon = now + Duration::from_millis(100);
+        assert_eq!(next_wake(now, 0.25, 1.0, step, soon), soon);
+        // A fast Envoy wakes every step, not more often.
+        assert_eq!(next_wake(now, 0.5, 3000.0, step, far), now + step);
+        // No requests: only the report wakes it.
+        assert_eq!(next_wake(now, 0.0, 0.0, step, far), far);
     }
 }

@@ -160,6 +160,8 @@ pub const MAX_SLIDING_LOG_WORK: u64 = 10_000;
 /// The rate-limit engine: the active rules, a backend, and the metrics it feeds.
 pub struct Limiter {
     rules: ArcSwap<RuleSet>,
+    /// Told of every rule reload, so that long-lived quota streams need not poll for one.
+    reloads: tokio::sync::watch::Sender<()>,
     /// Rules evaluated beside the live ones that never change an answer.
     candidates: ArcSwapOption<CandidateSet>,
     backend: Arc<dyn Backend>,
@@ -199,6 +201,7 @@ impl Limiter {
         }
         Limiter {
             rules: ArcSwap::from_pointee(RuleSet::new(rules, false)),
+            reloads: tokio::sync::watch::Sender::new(()),
             candidates: ArcSwapOption::empty(),
             candidate_backend: backend
                 .candidate_store()
@@ -251,6 +254,13 @@ impl Limiter {
         if let Some(cache) = &self.cache {
             cache.clear();
         }
+        self.reloads.send_replace(());
+    }
+
+    /// Wakes on every rule reload after this call: subscribe before reading [`Self::rules`]
+    /// and no reload goes unseen.
+    pub fn rule_reloads(&self) -> tokio::sync::watch::Receiver<()> {
+        self.reloads.subscribe()
     }
 
     /// The accounting that rules which do not set `on_over_limit` take

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::BackendError;
@@ -46,8 +47,9 @@ const MAX_PENDING: u64 = u32::MAX as u64;
 /// Backend calls one stream has in flight at once, so a report of 10,000 buckets does not
 /// queue 10,000 calls ahead of every other caller's.
 const CONCURRENT_BOOKINGS: usize = 64;
-/// Longest sleep between checks for a rule reload.
-const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// Longest sleep of a stream with no bucket due: it wakes for rule reloads when told
+/// ([`Stream::reloaded`]), and a bucket's abandonment wakes it sooner.
+const MAX_SLEEP: Duration = Duration::from_secs(3600);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
 const MIN_SLEEP: Duration = Duration::from_millis(5);
 /// Most refunds one backend call carries when a stream withdraws its counts.
@@ -108,6 +110,8 @@ pub struct Stream {
     buckets: Vec<Tracked>,
     index: HashMap<Arc<BucketPairs>, usize>,
     rules: Arc<Matcher>,
+    /// Told of each rule reload: the stream then resolves its buckets again.
+    reloads: watch::Receiver<()>,
     holding: Holding,
     connection: Option<Arc<ConnectionLoad>>,
     /// The stream's own load: one caller of its own in admission and the backend's turns.
@@ -120,6 +124,7 @@ impl Stream {
     /// A stream with no buckets yet, on `connection` when known.
     pub fn new(shared: Arc<Shared>, connection: Option<Arc<ConnectionLoad>>) -> Stream {
         shared.metrics.streams.inc();
+        let reloads = shared.limiter.rule_reloads();
         let rules = shared.limiter.rules();
         let holding = Holding::new(
             Arc::clone(&shared.bounds),
@@ -131,6 +136,7 @@ impl Stream {
             buckets: Vec::new(),
             index: HashMap::new(),
             rules,
+            reloads,
             holding,
             connection,
             load: Arc::new(ConnectionLoad::default()),
@@ -216,11 +222,18 @@ impl Stream {
         actions
     }
 
-    /// When the stream next has something to do without a report.
+    /// Resolves when the rules were reloaded since the stream last looked; never when the
+    /// limiter is gone.
+    pub async fn reloaded(&mut self) {
+        if self.reloads.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// When the stream next has something to do without a report or a reload.
     pub fn next_wake(&self) -> Instant {
         let now = Instant::now();
         let abandon = self.shared.settings.abandon_after;
-        // Rule reloads are checked every MAX_SLEEP (a pointer comparison).
         let mut wake = now + MAX_SLEEP;
         for bucket in &self.buckets {
             if let Some(look) = bucket.next_look {

@@ -53,7 +53,8 @@ pub struct BenchArgs {
     /// Stop after this many calls.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
-    /// HTTP/2 connections the calls are spread over.
+    /// HTTP/2 connections the calls are spread over (per replica). With `--rlqs`, more where
+    /// one would carry over 500 streams.
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub connections: usize,

@@ -141,9 +141,10 @@ impl Percentiles {
 pub async fn run(args: &BenchArgs) -> Result<QuotaSummary, BenchError> {
     let mut targets = vec![args.target];
     targets.extend(&args.rlqs_replica);
+    let connections = connections_per_target(args.connections, args.rlqs_streams, targets.len());
     let mut channels = Vec::new();
     for target in &targets {
-        for _ in 0..args.connections {
+        for _ in 0..connections {
             channels.push(connect(*target).await?);
         }
     }
@@ -151,8 +152,8 @@ pub async fn run(args: &BenchArgs) -> Result<QuotaSummary, BenchError> {
     let envoys: Vec<_> = (0..args.rlqs_streams)
         .map(|index| {
             // Streams alternate over the replicas, then over each one's connections.
-            let channel = channels[(index % targets.len()) * args.connections
-                + (index / targets.len()) % args.connections]
+            let channel = channels
+                [(index % targets.len()) * connections + (index / targets.len()) % connections]
                 .clone();
             tokio::spawn(envoy(channel, index, args.clone(), start))
         })
@@ -171,6 +172,17 @@ async fn connect(target: SocketAddr) -> Result<Channel, BenchError> {
         .connect()
         .await
         .map_err(|error| unreachable(error.to_string()))
+}
+
+/// Streams one connection carries at most: under the server's default limit of concurrent
+/// streams a connection (1,024), past which the others would wait unopened and a run of
+/// 10,000 Envoys would simulate 4,096.
+const STREAMS_PER_CONNECTION: usize = 500;
+
+/// Connections to open to each of `targets` replicas: `asked`, or more where `streams`
+/// would put more than [`STREAMS_PER_CONNECTION`] on one.
+fn connections_per_target(asked: usize, streams: usize, targets: usize) -> usize {
+    asked.max(streams.div_ceil(targets.max(1) * STREAMS_PER_CONNECTION))
 }
 
 /// Milliseconds since the Unix epoch (windows are aligned to it, as floodgate's are).
@@ -399,6 +411,14 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_envoy_gets_a_stream_under_the_servers_limit_per_connection() {
+        assert_eq!(connections_per_target(4, 100, 1), 4);
+        assert_eq!(connections_per_target(4, 10_000, 1), 20);
+        assert_eq!(connections_per_target(4, 10_000, 2), 10);
+        assert_eq!(connections_per_target(1, 10_001, 1), 21);
+    }
 
     #[test]
     fn a_slow_envoy_sleeps_until_its_next_request_or_report() {

@@ -31,6 +31,8 @@ struct Seen {
     admitted: HashMap<(usize, u64), u64>,
     denied: u64,
     latencies: Vec<Duration>,
+    /// Reports after the warm-up still unanswered when the stream's next report went out.
+    unanswered: u64,
     /// From the stream's first report to its answer.
     first_answer: Option<Duration>,
     applied: HashMap<&'static str, u64>,
@@ -65,6 +67,9 @@ pub struct QuotaSummary {
     pub actions: HashMap<&'static str, u64>,
     /// Time from a report to its answer, ms, for the reports sent after the warm-up.
     pub push_latency_ms: Percentiles,
+    /// Reports sent after the warm-up that got no whole answer before the stream's next
+    /// report (a booking that failed is not answered): not in `push_latency_ms`.
+    pub unanswered_reports: u64,
     /// The cold start: every stream's first report goes out at once, as after a rollout;
     /// the time from each stream's first report to its answer, ms.
     pub cold_start_ms: Percentiles,
@@ -313,6 +318,14 @@ async fn envoy(channel: Channel, index: usize, args: BenchArgs, start: Instant) 
                         continue;
                     }
                     if named > 0 {
+                        // An answer acts on at least what its report named; one that did
+                        // not come by the next report is not coming, and would otherwise
+                        // be matched with this report's answer.
+                        while pending.front().is_some_and(|&(sent, _)| sent < now) {
+                            if pending.pop_front().is_some_and(|(sent, _)| sent >= warm) {
+                                seen.unanswered += 1;
+                            }
+                        }
                         pending.push_back((now, named));
                     }
                 }
@@ -361,6 +374,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
     let mut cold = Vec::new();
     let mut actions: HashMap<&'static str, u64> = HashMap::new();
     let (mut admitted, mut denied, mut errors, mut first_error) = (0, 0, 0, None);
+    let mut unanswered = 0;
     for seen in all {
         for (key, count) in seen.admitted {
             *per_window.entry(key).or_default() += count;
@@ -368,6 +382,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
         }
         denied += seen.denied;
         latencies.extend(seen.latencies);
+        unanswered += seen.unanswered;
         cold.extend(seen.first_answer);
         for (label, count) in seen.applied {
             *actions.entry(label).or_default() += count;
@@ -402,6 +417,7 @@ fn summarize(args: &BenchArgs, start: Instant, all: Vec<Seen>) -> QuotaSummary {
         denied,
         actions,
         push_latency_ms: Percentiles::of(latencies),
+        unanswered_reports: unanswered,
         cold_start_ms: Percentiles::of(cold),
         stream_errors: errors,
         first_error,

@@ -41,6 +41,37 @@ pub const HIGHER_BY: f64 = 0.10;
 /// Windows over which a stream's excess over a lower rate is weighed against the tokens a
 /// change hands out.
 pub const EXCESS_WINDOWS: u32 = 3;
+/// How far a new rate must move from the pushed one to be pushed, and what a change costs
+/// the client in tokens ([`moved`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hysteresis {
+    /// A lower rate is pushed past this part of the running one...
+    pub lower_by: f64,
+    /// ...a higher one past this part...
+    pub higher_by: f64,
+    /// ...when it moves the window by more than the change costs, in tokens.
+    pub cost: f64,
+}
+
+impl Hysteresis {
+    /// A change that lands at any point of a token: Envoy drops the fraction of a token the
+    /// old bucket had filled, up to a whole one.
+    pub const ANY_POINT: Hysteresis = Hysteresis {
+        lower_by: LOWER_BY,
+        higher_by: HIGHER_BY,
+        cost: 1.0,
+    };
+    /// A paced change, pushed just after the running bucket's next token
+    /// ([`super::pace::token_wait`]): it drops 50 ms of fill, so the rate follows the share
+    /// to within the shares' noise. With a whole token's cost a share of about one token a
+    /// window never rose back to the fair one, and with a 10% band the rates stayed where
+    /// the young estimates left them: 100 Envoys on 100 per 10 s held 0.88 of the limit.
+    pub const AT_TOKEN: Hysteresis = Hysteresis {
+        lower_by: 0.02,
+        higher_by: 0.02,
+        cost: 0.0,
+    };
+}
 /// An assignment lives this many reporting intervals unless refreshed, so one lost or late
 /// report never lets it expire.
 pub const TTL_INTERVALS: u32 = 3;
@@ -228,19 +259,31 @@ pub fn distinct_for_envoy(current: &Strategy, next: Strategy) -> Strategy {
 /// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc`): a change hands
 /// out no burst, but loses what the old bucket had refilled short of a whole token, so a
 /// change must gain more than one token:
-/// - a rate lower by more than [`LOWER_BY`] that takes at least a token off what the stream
-///   admits in [`EXCESS_WINDOWS`] windows: an excess comes back every window, a change's
-///   cost once;
+/// - a rate lower by more than [`LOWER_BY`] that takes at least the change's cost off what
+///   the stream admits in [`EXCESS_WINDOWS`] windows: an excess comes back every window, a
+///   change's cost once;
 /// - a rate higher by more than [`HIGHER_BY`] that also moves what the stream admits in
-///   one `window` of the rule by at least a token: under its share the stream only admits
-///   less. With 100 Envoys on 100 per 10 s, each stream's share is about one request a
+///   one `window` of the rule by at least the change's cost: under its share the stream
+///   only admits less. With 100 Envoys on 100 per 10 s, each stream's share is about one request a
 ///   window; the noise of the shares moved it by more than 10% at most reports, and each
 ///   change cost a token.
 /// - a `DENY_ALL` in place of a token bucket: the running bucket would admit at least its
 ///   `max_tokens` before the refill, which restarts it (full, after a blanket rule) anyway.
 ///   Otherwise every spent window would end with every stream's bucket restarted at once.
 /// - any other change of kind.
-pub fn moved(current: &Strategy, next: &Assignment, window: Duration) -> bool {
+///
+/// The bands and the cost are `hysteresis`'s: [`Hysteresis::AT_TOKEN`] for a paced change.
+pub fn moved(
+    current: &Strategy,
+    next: &Assignment,
+    window: Duration,
+    hysteresis: Hysteresis,
+) -> bool {
+    let Hysteresis {
+        lower_by,
+        higher_by,
+        cost,
+    } = hysteresis;
     match (*current, next.strategy) {
         (Strategy::TokenBucket { .. }, Strategy::TokenBucket { .. }) => {
             let (old, new) = (
@@ -248,9 +291,8 @@ pub fn moved(current: &Strategy, next: &Assignment, window: Duration) -> bool {
                 next.strategy.rate().unwrap_or(0.0),
             );
             let per_window = (new - old) * window.as_secs_f64();
-            let cost = 1.0;
-            (new < old * (1.0 - LOWER_BY) && -per_window * f64::from(EXCESS_WINDOWS) >= cost)
-                || (new > old * (1.0 + HIGHER_BY) && per_window >= cost)
+            (new < old * (1.0 - lower_by) && -per_window * f64::from(EXCESS_WINDOWS) >= cost)
+                || (new > old * (1.0 + higher_by) && per_window >= cost)
         }
         (Strategy::TokenBucket { max_tokens, .. }, Strategy::DenyAll) => {
             current.rate().unwrap_or(0.0) * next.ttl.as_secs_f64() >= f64::from(max_tokens)
@@ -466,29 +508,103 @@ mod tests {
             ttl: Duration::from_secs(15),
         };
         let second = Duration::from_secs(1);
-        assert!(!moved(&bucket(100.0), &to(bucket(95.0)), second));
-        assert!(!moved(&bucket(100.0), &to(bucket(108.0)), second));
-        assert!(moved(&bucket(100.0), &to(bucket(85.0)), second));
-        assert!(moved(&bucket(100.0), &to(bucket(115.0)), second));
-        assert!(moved(&bucket(100.0), &to(Strategy::DenyAll), second));
-        assert!(moved(&Strategy::AllowAll, &to(bucket(100.0)), second));
-        assert!(!moved(&Strategy::DenyAll, &to(Strategy::DenyAll), second));
+        assert!(!moved(
+            &bucket(100.0),
+            &to(bucket(95.0)),
+            second,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(!moved(
+            &bucket(100.0),
+            &to(bucket(108.0)),
+            second,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(moved(
+            &bucket(100.0),
+            &to(bucket(85.0)),
+            second,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(moved(
+            &bucket(100.0),
+            &to(bucket(115.0)),
+            second,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(moved(
+            &bucket(100.0),
+            &to(Strategy::DenyAll),
+            second,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(moved(
+            &Strategy::AllowAll,
+            &to(bucket(100.0)),
+            second,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(!moved(
+            &Strategy::DenyAll,
+            &to(Strategy::DenyAll),
+            second,
+            Hysteresis::ANY_POINT
+        ));
         // About one request a window: a move of a fifth is worth less than the token a
         // change hands out; of three times, more.
         let ten_s = Duration::from_secs(10);
         let tiny = |rate: f64| token_bucket(1.0, rate);
-        assert!(!moved(&tiny(0.09), &to(tiny(0.11)), ten_s));
-        assert!(moved(&tiny(0.09), &to(tiny(0.27)), ten_s));
+        assert!(!moved(
+            &tiny(0.09),
+            &to(tiny(0.11)),
+            ten_s,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(moved(
+            &tiny(0.09),
+            &to(tiny(0.27)),
+            ten_s,
+            Hysteresis::ANY_POINT
+        ));
         // Lower is worth it sooner: the excess would come back every window.
-        assert!(!moved(&tiny(0.09), &to(tiny(0.072)), ten_s));
-        assert!(moved(&tiny(0.18), &to(tiny(0.09)), ten_s));
+        assert!(!moved(
+            &tiny(0.09),
+            &to(tiny(0.072)),
+            ten_s,
+            Hysteresis::ANY_POINT
+        ));
+        assert!(moved(
+            &tiny(0.18),
+            &to(tiny(0.09)),
+            ten_s,
+            Hysteresis::ANY_POINT
+        ));
+        // Paced, at the running bucket's next token: any move past the band, either way.
+        assert!(moved(
+            &tiny(0.09),
+            &to(tiny(0.093)),
+            ten_s,
+            Hysteresis::AT_TOKEN
+        ));
+        assert!(moved(
+            &tiny(0.09),
+            &to(tiny(0.087)),
+            ten_s,
+            Hysteresis::AT_TOKEN
+        ));
+        assert!(!moved(
+            &tiny(0.09),
+            &to(tiny(0.091)),
+            ten_s,
+            Hysteresis::AT_TOKEN
+        ));
         // A spent window 3 s before its refill: at 0.09 a second the running bucket admits
         // less than the token the restart after a DENY_ALL hands out; at 100, far more.
         let spent = Assignment {
             strategy: Strategy::DenyAll,
             ttl: Duration::from_secs(3),
         };
-        assert!(!moved(&tiny(0.09), &spent, ten_s));
-        assert!(moved(&bucket(100.0), &spent, second));
+        assert!(!moved(&tiny(0.09), &spent, ten_s, Hysteresis::ANY_POINT));
+        assert!(moved(&bucket(100.0), &spent, second, Hysteresis::ANY_POINT));
     }
 }

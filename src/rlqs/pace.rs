@@ -29,6 +29,13 @@ const SLOT_TOLERANCE: Duration = Duration::from_millis(200);
 /// Slots repeat every token period from the start of each minute since the epoch.
 const ANCHOR_MS: i64 = 60_000;
 
+/// A paced change of a running token bucket goes out this long after the bucket's next
+/// whole token: late enough that the client has it whatever the clocks' jitter.
+const PAST_TOKEN: Duration = Duration::from_millis(50);
+/// The longest a paced change waits for the running bucket's next token; a slower bucket
+/// changes at once.
+const MAX_TOKEN_WAIT: Duration = Duration::from_secs(60);
+
 /// Streams started in this process, for their phases.
 static STREAMS: AtomicU64 = AtomicU64::new(0);
 
@@ -73,6 +80,25 @@ pub fn wait(
     let periods = ((now_ms - tolerance - first).max(0) + period_ms - 1) / period_ms;
     let wait = first + periods * period_ms - now_ms;
     (wait > tolerance).then(|| Duration::from_millis(wait as u64))
+}
+
+/// How long a paced stream waits before it changes the token bucket of `rate` a second
+/// that its client started at `started`: until just after the bucket's next whole token.
+/// Envoy 1.33 and later start the new bucket at `floor(new_max * level / old_max)`, so a
+/// change drops the fraction of a token the old one had filled: half a token on average,
+/// at any moment; 50 ms of fill just after a token. The stream's tokens then keep their
+/// phase, and a change of a slow rate costs next to nothing. `None` (change now) when the
+/// token is more than a minute away. A bucket that was full restarts its phase at the
+/// request that takes a token, which this does not see: it loses at most what filled
+/// since.
+pub fn token_wait(started: Instant, rate: f64, now: Instant) -> Option<Duration> {
+    if rate.is_nan() || rate <= 0.0 {
+        return None;
+    }
+    let elapsed = now.saturating_duration_since(started).as_secs_f64();
+    let tokens = ((elapsed - PAST_TOKEN.as_secs_f64()) * rate).floor() + 1.0;
+    let due = tokens.max(0.0) / rate + PAST_TOKEN.as_secs_f64() - elapsed;
+    (due <= MAX_TOKEN_WAIT.as_secs_f64()).then(|| Duration::from_secs_f64(due.max(0.0)))
 }
 
 /// What a stream holds for the `wait` until its slot, given the assignment `running` on
@@ -123,6 +149,26 @@ mod tests {
             tokens_per_fill: 100,
             fill_interval: Duration::from_secs(100 * seconds),
         }
+    }
+
+    #[test]
+    fn a_change_of_a_running_bucket_waits_for_its_next_token() {
+        let started = Instant::now();
+        let at = |ms| started + Duration::from_millis(ms);
+        // A token every 10 s: 3 s in, the next comes at 10 s, and the change 50 ms after.
+        assert_eq!(
+            token_wait(started, 0.1, at(3_000)),
+            Some(Duration::from_millis(7_050))
+        );
+        // Just after a token the change goes out at once (within the 50 ms).
+        let just_after = token_wait(started, 0.1, at(10_020)).expect("a wait");
+        assert!(just_after <= Duration::from_millis(30), "{just_after:?}");
+        // Past the 50 ms it waits for the next token.
+        let next = token_wait(started, 0.1, at(10_100)).expect("a wait");
+        assert!((next.as_secs_f64() - 9.95).abs() < 0.001, "{next:?}");
+        // A token an hour is too far away to wait for; no rate, nothing to wait for.
+        assert_eq!(token_wait(started, 1.0 / 3600.0, at(1_000)), None);
+        assert_eq!(token_wait(started, 0.0, at(1_000)), None);
     }
 
     #[test]

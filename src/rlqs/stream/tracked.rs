@@ -58,6 +58,11 @@ pub(super) struct Tracked {
 pub(super) struct Sent {
     pub(super) strategy: Strategy,
     pub(super) expires: Instant,
+    /// When the client started it: the strategy's first push (a refresh keeps it running).
+    pub(super) started: Instant,
+    /// Started full: a token bucket after none or after a blanket rule. Its tokens then come
+    /// a token period after the first request that takes one, not after `started`.
+    pub(super) full: bool,
 }
 
 impl Tracked {
@@ -211,10 +216,7 @@ impl Tracked {
         };
         let mut changed = changes(&strategy);
         let wait = changed
-            .then(|| {
-                let now_ms = SystemClock.now_ms();
-                pace::wait(&strategy, next.fraction, self.interval, phase, now_ms)
-            })
+            .then(|| self.change_wait(running, &strategy, next.fraction, phase, now))
             .flatten();
         self.slot = pace::slot(self.slot, wait, now);
         let slot = self.slot.map(|slot| slot - now);
@@ -233,14 +235,59 @@ impl Tracked {
         if !answer && !changed {
             return None;
         }
+        let (started, full) = match running {
+            Some(sent) if !changed => (sent.started, sent.full),
+            _ => (
+                now,
+                running.is_none_or(|sent| sent.strategy.rate().is_none()),
+            ),
+        };
         self.sent = Some(Sent {
             strategy,
             expires: now + lives,
+            started,
+            full,
         });
         Some(Assignment {
             strategy,
             ttl: lives,
         })
+    }
+
+    /// How long a change to `strategy`, the stream's `fraction` of the bucket, waits; `None`
+    /// to push it now. A [`pace::paced`] stream whose client runs a token bucket changes it
+    /// just after its next token ([`pace::token_wait`]); one whose client runs none starts
+    /// the bucket at its slot ([`pace::wait`]).
+    fn change_wait(
+        &self,
+        running: Option<Sent>,
+        strategy: &Strategy,
+        fraction: f64,
+        phase: f64,
+        now: Instant,
+    ) -> Option<Duration> {
+        let token_bucket = running.and_then(|sent| Some((sent, sent.strategy.rate()?)));
+        match token_bucket {
+            Some((sent, rate))
+                if strategy.rate().is_some() && pace::paced(rate, fraction, self.interval) =>
+            {
+                // A bucket started full counts its tokens from its first request: about
+                // one request apart later, at most half a token period.
+                let first_request = if sent.full && self.demand_rate > 0.0 {
+                    Duration::from_secs_f64((1.0 / self.demand_rate).min(0.5 / rate))
+                } else {
+                    Duration::ZERO
+                };
+                pace::token_wait(sent.started + first_request, rate, now)
+            }
+            _ => pace::wait(
+                strategy,
+                fraction,
+                self.interval,
+                phase,
+                SystemClock.now_ms(),
+            ),
+        }
     }
 
     /// The strategy the client gets for `next` and how long it lives, before pacing: the
@@ -255,7 +302,12 @@ impl Tracked {
         match self.sent {
             Some(sent)
                 if sent.expires > now
-                    && !assign::moved(&sent.strategy, &next.assignment, window) =>
+                    && !assign::moved(
+                        &sent.strategy,
+                        &next.assignment,
+                        window,
+                        self.hysteresis(sent, next),
+                    ) =>
             {
                 (sent.strategy, assign::ttl(self.interval))
             }
@@ -264,6 +316,22 @@ impl Tracked {
                 next.assignment.ttl,
             ),
             None => (next.assignment.strategy, next.assignment.ttl),
+        }
+    }
+}
+
+impl Tracked {
+    /// How far `next` must move from the running `sent` to be pushed: a paced change waits
+    /// for the running bucket's next token ([`Self::change_wait`]) and costs next to nothing.
+    fn hysteresis(&self, sent: Sent, next: &Next) -> assign::Hysteresis {
+        let paced = sent
+            .strategy
+            .rate()
+            .is_some_and(|rate| pace::paced(rate, next.fraction, self.interval));
+        if paced && next.assignment.strategy.rate().is_some() {
+            assign::Hysteresis::AT_TOKEN
+        } else {
+            assign::Hysteresis::ANY_POINT
         }
     }
 }
@@ -282,5 +350,92 @@ impl Merged {
         self.allowed = self.allowed.saturating_add(usage.allowed);
         self.denied = self.denied.saturating_add(usage.denied);
         self.elapsed = self.elapsed.max(usage.elapsed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slow token bucket of two tokens: `tokens` every 1,000 s.
+    fn slow(tokens: u32) -> Strategy {
+        Strategy::TokenBucket {
+            max_tokens: 2,
+            tokens_per_fill: tokens,
+            fill_interval: Duration::from_secs(1000),
+        }
+    }
+
+    /// A stream's bucket whose client runs a token every 10 s since `started`.
+    fn running(started: Instant, full: bool) -> Tracked {
+        let id = Arc::new(vec![("k".to_owned(), "v".to_owned())]);
+        let mut bucket = Tracked::new(id, QuotaRule::Unlimited, started);
+        bucket.demand_rate = 0.6;
+        bucket.sent = Some(Sent {
+            strategy: slow(100),
+            expires: started + Duration::from_secs(15),
+            started,
+            full,
+        });
+        bucket
+    }
+
+    /// A paced share 5% faster than the running one.
+    fn faster() -> Next {
+        Next {
+            assignment: Assignment {
+                strategy: slow(105),
+                ttl: Duration::from_secs(15),
+            },
+            fraction: 0.01,
+            refill: None,
+        }
+    }
+
+    fn close(a: Instant, b: Instant) -> bool {
+        a.max(b) - a.min(b) < Duration::from_millis(2)
+    }
+
+    #[test]
+    fn a_paced_change_goes_out_just_after_the_running_buckets_next_token() {
+        let started = Instant::now();
+        let mut bucket = running(started, false);
+        // 3 s in: the running bucket is kept, and the change waits for its token at 10 s.
+        let held = bucket.push(faster(), 0.0, started + Duration::from_secs(3), true);
+        assert_eq!(held.map(|held| held.strategy), Some(slow(100)));
+        let slot = bucket.slot.expect("a slot");
+        assert!(
+            close(slot, started + Duration::from_millis(10_050)),
+            "{slot:?}"
+        );
+        // At the slot the new rate starts, and its tokens count from then.
+        let pushed = bucket.push(faster(), 0.0, slot, false).expect("pushed");
+        assert_eq!(pushed.strategy.rate(), slow(105).rate());
+        let sent = bucket.sent.expect("sent");
+        assert_eq!((sent.started, sent.full), (slot, false));
+    }
+
+    #[test]
+    fn a_bucket_started_full_counts_its_tokens_from_its_first_request() {
+        let started = Instant::now();
+        let mut bucket = running(started, true);
+        bucket.push(faster(), 0.0, started + Duration::from_secs(3), true);
+        // The first request, one request apart (at 0.6 a second) later, takes a token.
+        let slot = bucket.slot.expect("a slot");
+        assert!(
+            close(slot, started + Duration::from_millis(11_717)),
+            "{slot:?}"
+        );
+    }
+
+    #[test]
+    fn a_paced_share_within_two_percent_stands() {
+        let started = Instant::now();
+        let mut bucket = running(started, false);
+        let mut next = faster();
+        next.assignment.strategy = slow(101);
+        let kept = bucket.push(next, 0.0, started + Duration::from_secs(3), true);
+        assert_eq!(kept.map(|kept| kept.strategy), Some(slow(100)));
+        assert_eq!(bucket.slot, None);
     }
 }

@@ -11,7 +11,10 @@
 //! 1.06 of the limit as the beat went by. So a slow bucket's change waits for the stream's
 //! own slot: a point of the token period set by the stream's phase, spread evenly over
 //! the period across streams (the golden-ratio sequence) and counted from the start of
-//! each minute, so that the streams of every replica fall on one clock.
+//! each minute, so that the streams of every replica fall on one clock. A stream whose
+//! client already runs a token bucket changes it just after that bucket's next token
+//! instead ([`token_wait`]): its tokens keep their phase, and the change drops next to
+//! nothing of the old bucket's fill.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -144,7 +144,8 @@ pub(crate) async fn redis_and_cluster_book_nothing_for_a_rejected_request(engine
 
 /// Requests that are always rejected (their second bucket is full) run against a bucket of
 /// limit 1 while another task peeks it: an atomic backend never lets the peek see the
-/// transient booking.
+/// transient booking. The writer runs until the peeks are done, so every peek falls while
+/// it writes.
 async fn no_transient_bookings(backend: Arc<dyn Backend>) {
     let one = Policy::fixed_window(1, Unit::Hour);
     backend
@@ -155,26 +156,29 @@ async fn no_transient_bookings(backend: Arc<dyn Backend>) {
         item(one, "shared", 1, Weight::default()),
         item(one, "full", 1, Weight::default()),
     ]);
+    let peeking = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let writer = {
         let backend = Arc::clone(&backend);
+        let peeking = Arc::clone(&peeking);
         tokio::spawn(async move {
-            for _ in 0..400 {
+            let mut written = 0;
+            while peeking.load(std::sync::atomic::Ordering::Relaxed) || written < 400 {
                 let outcomes = backend.decide(&rejected).await.unwrap();
                 assert!(outcomes[0].rolled_back);
+                written += 1;
             }
+            written
         })
     };
-    let mut peeks = 0;
-    while !writer.is_finished() && peeks < 4000 {
+    for peek in 0..400 {
         assert_eq!(
             remaining(backend.as_ref(), one, "shared").await,
             1,
-            "peek {peeks}"
+            "peek {peek}"
         );
-        peeks += 1;
     }
-    writer.await.unwrap();
-    assert!(peeks > 0);
+    peeking.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(writer.await.unwrap() >= 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,14 +6,15 @@
 //!
 //! One client cannot lock the others out: when the process is full, a bucket of a smaller
 //! holder is still taken (within [`HEADROOM`]) and the largest connection owes the room it
-//! took; its streams give back their least active buckets at their next look
-//! ([`Holding::owed`]), with `abandon_action`, which Envoy obeys.
+//! took; its streams, woken at once ([`Holding::owing`]), give back their least active
+//! buckets ([`Holding::owed`]), with `abandon_action`, which Envoy obeys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
 use crate::overload::ConnectionId;
 
@@ -94,11 +95,24 @@ struct Held {
 }
 
 /// One connection's hold, and the bytes it owes to a smaller holder.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Holder {
     load: Load,
     streams: usize,
     owed: Arc<AtomicUsize>,
+    /// Counts the debts it was handed, and wakes its streams on each.
+    debts: watch::Sender<u64>,
+}
+
+impl Default for Holder {
+    fn default() -> Self {
+        Holder {
+            load: Load::default(),
+            streams: 0,
+            owed: Arc::default(),
+            debts: watch::Sender::new(0),
+        }
+    }
 }
 
 /// Which bound a bucket met.
@@ -143,25 +157,29 @@ pub struct Holding {
     connection: Option<ConnectionId>,
     /// The bytes its connection owes (shared by the connection's streams).
     owed: Arc<AtomicUsize>,
+    /// Told of each debt handed to its connection.
+    debts: watch::Receiver<u64>,
     held: Load,
 }
 
 impl Holding {
     /// A stream holding nothing yet, on `connection` when known.
     pub fn new(bounds: Arc<BucketBounds>, connection: Option<ConnectionId>) -> Holding {
-        let owed = match connection {
+        let (owed, debts) = match connection {
             Some(connection) => {
                 let mut held = bounds.held.lock();
                 let holder = held.connections.entry(connection).or_default();
                 holder.streams += 1;
-                Arc::clone(&holder.owed)
+                (Arc::clone(&holder.owed), holder.debts.subscribe())
             }
-            None => Arc::default(),
+            // Never owes: only connections are asked for room.
+            None => (Arc::default(), watch::Sender::new(0).subscribe()),
         };
         Holding {
             bounds,
             connection,
             owed,
+            debts,
             held: Load::default(),
         }
     }
@@ -220,6 +238,15 @@ impl Holding {
         }
     }
 
+    /// Resolves when the stream's connection was handed a debt since the stream last
+    /// looked (never without a connection): the stream then gives back what it can at
+    /// once, however long it would sleep otherwise.
+    pub async fn owing(&mut self) {
+        if self.debts.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Bytes the stream's connection owes to smaller holders: its streams give back their
     /// least active buckets until it owes nothing. A debt ends once the process is back
     /// within its bound, whoever gave the room back.
@@ -256,6 +283,7 @@ impl Held {
         match largest {
             Some(holder) => {
                 holder.owed.fetch_add(load.bytes, Ordering::Relaxed);
+                holder.debts.send_modify(|debts| *debts += 1);
                 true
             }
             None => false,
@@ -346,6 +374,10 @@ mod tests {
         let mut newcomer = Holding::new(Arc::clone(&bounds), Some(small));
         assert_eq!(newcomer.take(ONE), Ok(()));
         assert_eq!((hog.owed(), other.owed(), newcomer.owed()), (1000, 0, 0));
+        // Its streams are woken for it, however long they would sleep; the others are not.
+        assert!(hog.debts.has_changed().unwrap());
+        assert!(!other.debts.has_changed().unwrap());
+        assert!(!newcomer.debts.has_changed().unwrap());
         // The largest holder itself gets no more.
         assert_eq!(hog.take(ONE), Err(Bound::Process));
         // Giving a bucket back pays the debt.

@@ -178,7 +178,7 @@ async fn converse(
                 }
             },
             () = tokio::time::sleep_until(wake) => stream.tick().await,
-            () = stream.reloaded() => stream.tick().await,
+            () = stream.nudged() => stream.tick().await,
             () = stopped(&mut stop) => return,
             () = answers.closed() => return,
         };

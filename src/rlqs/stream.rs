@@ -48,7 +48,7 @@ const MAX_PENDING: u64 = u32::MAX as u64;
 /// queue 10,000 calls ahead of every other caller's.
 const CONCURRENT_BOOKINGS: usize = 64;
 /// Longest sleep of a stream with no bucket due: it wakes for rule reloads when told
-/// ([`Stream::reloaded`]), and a bucket's abandonment wakes it sooner.
+/// ([`Stream::nudged`]), and a bucket's abandonment wakes it sooner.
 const MAX_SLEEP: Duration = Duration::from_secs(3600);
 /// Shortest sleep, so a stream whose buckets are all due never spins.
 const MIN_SLEEP: Duration = Duration::from_millis(5);
@@ -222,11 +222,18 @@ impl Stream {
         actions
     }
 
-    /// Resolves when the rules were reloaded since the stream last looked; never when the
-    /// limiter is gone.
-    pub async fn reloaded(&mut self) {
-        if self.reloads.changed().await.is_err() {
-            std::future::pending::<()>().await;
+    /// Resolves when the stream has a look to take without a report: the rules were
+    /// reloaded, or its connection was handed a debt of room to give back to smaller
+    /// holders, since it last looked.
+    pub async fn nudged(&mut self) {
+        let reload = async {
+            if self.reloads.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = reload => {}
+            () = self.holding.owing() => {}
         }
     }
 

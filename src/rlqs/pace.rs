@@ -32,8 +32,9 @@ const SLOT_TOLERANCE: Duration = Duration::from_millis(200);
 /// Slots repeat every token period from the start of each minute since the epoch.
 const ANCHOR_MS: i64 = 60_000;
 
-/// A paced change of a running token bucket goes out this long after the bucket's next
-/// whole token: late enough that the client has it whatever the clocks' jitter.
+/// A paced change of a running token bucket goes out this long after (or before) the
+/// bucket's next whole token: far enough that the client is past (or short of) it
+/// whatever the clocks' jitter.
 const PAST_TOKEN: Duration = Duration::from_millis(50);
 /// The longest a paced change waits for the running bucket's next token; a slower bucket
 /// changes at once.
@@ -85,8 +86,26 @@ pub fn wait(
     (wait > tolerance).then(|| Duration::from_millis(wait as u64))
 }
 
+/// Which side of the running bucket's next token a paced change aims at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aim {
+    /// Just after it: the level is a whole number, and the same `max_tokens` keeps it.
+    After,
+    /// Just before it, for a larger `max_tokens`: a level of `1 - e` of one token becomes
+    /// one token of two, where `1` just after would become two, one handed out.
+    Before,
+}
+
+/// The smallest bucket a paced stream starts full, after none or after a blanket rule:
+/// the token it would have at its slot anyway. Started with [`super::assign::MIN_TOKENS`],
+/// every stream restarting after a spent budget handed out two, twice the rate for a
+/// token period (1.2 of the limit in a window after 100 Envoys' cold start). Its next
+/// change raises it, [`Aim::Before`] its next token.
+pub const FIRST_TOKENS: u32 = 1;
+
 /// How long a paced stream waits before it changes the token bucket of `rate` a second
-/// that its client started at `started`: until just after the bucket's next whole token.
+/// that its client started at `started`: until just after (or, `aim`ing before, just
+/// before) the bucket's next whole token.
 /// Envoy 1.33 and later start the new bucket at `floor(new_max * level / old_max)`, so a
 /// change drops the fraction of a token the old one had filled: half a token on average,
 /// at any moment; 50 ms of fill just after a token. The stream's tokens then keep their
@@ -94,13 +113,17 @@ pub fn wait(
 /// token is more than a minute away. A bucket that was full restarts its phase at the
 /// request that takes a token, which this does not see: it loses at most what filled
 /// since.
-pub fn token_wait(started: Instant, rate: f64, now: Instant) -> Option<Duration> {
+pub fn token_wait(started: Instant, rate: f64, now: Instant, aim: Aim) -> Option<Duration> {
     if rate.is_nan() || rate <= 0.0 {
         return None;
     }
+    let shift = match aim {
+        Aim::After => PAST_TOKEN.as_secs_f64(),
+        Aim::Before => -PAST_TOKEN.as_secs_f64(),
+    };
     let elapsed = now.saturating_duration_since(started).as_secs_f64();
-    let tokens = ((elapsed - PAST_TOKEN.as_secs_f64()) * rate).floor() + 1.0;
-    let due = tokens.max(0.0) / rate + PAST_TOKEN.as_secs_f64() - elapsed;
+    let tokens = ((elapsed - shift) * rate).floor() + 1.0;
+    let due = tokens.max(0.0) / rate + shift - elapsed;
     (due <= MAX_TOKEN_WAIT.as_secs_f64()).then(|| Duration::from_secs_f64(due.max(0.0)))
 }
 
@@ -160,18 +183,24 @@ mod tests {
         let at = |ms| started + Duration::from_millis(ms);
         // A token every 10 s: 3 s in, the next comes at 10 s, and the change 50 ms after.
         assert_eq!(
-            token_wait(started, 0.1, at(3_000)),
+            token_wait(started, 0.1, at(3_000), Aim::After),
             Some(Duration::from_millis(7_050))
         );
+        // Aimed before it, 50 ms before.
+        let before = token_wait(started, 0.1, at(3_000), Aim::Before).expect("a wait");
+        assert!((before.as_secs_f64() - 6.95).abs() < 0.001, "{before:?}");
         // Just after a token the change goes out at once (within the 50 ms).
-        let just_after = token_wait(started, 0.1, at(10_020)).expect("a wait");
+        let just_after = token_wait(started, 0.1, at(10_020), Aim::After).expect("a wait");
         assert!(just_after <= Duration::from_millis(30), "{just_after:?}");
         // Past the 50 ms it waits for the next token.
-        let next = token_wait(started, 0.1, at(10_100)).expect("a wait");
+        let next = token_wait(started, 0.1, at(10_100), Aim::After).expect("a wait");
         assert!((next.as_secs_f64() - 9.95).abs() < 0.001, "{next:?}");
         // A token an hour is too far away to wait for; no rate, nothing to wait for.
-        assert_eq!(token_wait(started, 1.0 / 3600.0, at(1_000)), None);
-        assert_eq!(token_wait(started, 0.0, at(1_000)), None);
+        assert_eq!(
+            token_wait(started, 1.0 / 3600.0, at(1_000), Aim::After),
+            None
+        );
+        assert_eq!(token_wait(started, 0.0, at(1_000), Aim::After), None);
     }
 
     #[test]

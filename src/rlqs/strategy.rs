@@ -32,6 +32,30 @@ impl Strategy {
         }
     }
 
+    /// `max_tokens` of a token bucket.
+    pub fn max_tokens(&self) -> Option<u32> {
+        match self {
+            Strategy::TokenBucket { max_tokens, .. } => Some(*max_tokens),
+            _ => None,
+        }
+    }
+
+    /// The same strategy holding at most `most` tokens, when it is a token bucket.
+    pub fn holding_at_most(self, most: u32) -> Strategy {
+        match self {
+            Strategy::TokenBucket {
+                max_tokens,
+                tokens_per_fill,
+                fill_interval,
+            } => Strategy::TokenBucket {
+                max_tokens: max_tokens.min(most),
+                tokens_per_fill,
+                fill_interval,
+            },
+            other => other,
+        }
+    }
+
     /// Tokens per second of a token bucket.
     pub fn rate(&self) -> Option<f64> {
         match self {

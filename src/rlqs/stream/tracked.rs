@@ -211,6 +211,11 @@ impl Tracked {
         let ttl = assign::ttl(self.interval);
         let running = self.sent.filter(|sent| sent.expires > now);
         let (mut strategy, mut lives) = self.kept_or_next(&next, now);
+        let starts_full = running.is_none_or(|sent| sent.strategy.rate().is_none());
+        let paced = |rate| pace::paced(rate, next.fraction, self.interval);
+        if starts_full && strategy.rate().is_some_and(paced) {
+            strategy = strategy.holding_at_most(pace::FIRST_TOKENS);
+        }
         let changes = |strategy: &Strategy| {
             running.is_none_or(|sent| !assign::same_for_envoy(&sent.strategy, strategy))
         };
@@ -256,8 +261,9 @@ impl Tracked {
 
     /// How long a change to `strategy`, the stream's `fraction` of the bucket, waits; `None`
     /// to push it now. A [`pace::paced`] stream whose client runs a token bucket changes it
-    /// just after its next token ([`pace::token_wait`]); one whose client runs none starts
-    /// the bucket at its slot ([`pace::wait`]).
+    /// just after its next token, or just before it for a larger bucket
+    /// ([`pace::token_wait`]); one whose client runs none starts the bucket at its slot
+    /// ([`pace::wait`]).
     fn change_wait(
         &self,
         running: Option<Sent>,
@@ -271,14 +277,21 @@ impl Tracked {
             Some((sent, rate))
                 if strategy.rate().is_some() && pace::paced(rate, fraction, self.interval) =>
             {
-                // A bucket started full counts its tokens from its first request: about
-                // one request apart later, at most half a token period.
-                let first_request = if sent.full && self.demand_rate > 0.0 {
-                    Duration::from_secs_f64((1.0 / self.demand_rate).min(0.5 / rate))
+                let aim = if strategy.max_tokens() > sent.strategy.max_tokens() {
+                    pace::Aim::Before
                 } else {
-                    Duration::ZERO
+                    pace::Aim::After
                 };
-                pace::token_wait(sent.started + first_request, rate, now)
+                // A bucket started full counts its tokens from its first request: about
+                // one request apart later, at most half a token period. Aimed before a
+                // token, from the earliest it can be: the push, so never past the token.
+                let first_request =
+                    if sent.full && aim == pace::Aim::After && self.demand_rate > 0.0 {
+                        Duration::from_secs_f64((1.0 / self.demand_rate).min(0.5 / rate))
+                    } else {
+                        Duration::ZERO
+                    };
+                pace::token_wait(sent.started + first_request, rate, now, aim)
             }
             _ => pace::wait(
                 strategy,
@@ -302,6 +315,7 @@ impl Tracked {
         match self.sent {
             Some(sent)
                 if sent.expires > now
+                    && !self.grows(sent, next)
                     && !assign::moved(
                         &sent.strategy,
                         &next.assignment,
@@ -333,6 +347,13 @@ impl Tracked {
         } else {
             assign::Hysteresis::ANY_POINT
         }
+    }
+
+    /// Whether a paced bucket started with [`pace::FIRST_TOKENS`] is due its whole size:
+    /// pushed just before its next token, the raise hands out nothing.
+    fn grows(&self, sent: Sent, next: &Next) -> bool {
+        self.hysteresis(sent, next) == assign::Hysteresis::AT_TOKEN
+            && next.assignment.strategy.max_tokens() > sent.strategy.max_tokens()
     }
 }
 
@@ -380,16 +401,21 @@ mod tests {
         bucket
     }
 
-    /// A paced share 5% faster than the running one.
-    fn faster() -> Next {
+    /// A paced share of `tokens` every 1,000 s.
+    fn share(tokens: u32) -> Next {
         Next {
             assignment: Assignment {
-                strategy: slow(105),
+                strategy: slow(tokens),
                 ttl: Duration::from_secs(15),
             },
             fraction: 0.01,
             refill: None,
         }
+    }
+
+    /// A paced share 5% faster than the running one.
+    fn faster() -> Next {
+        share(105)
     }
 
     fn close(a: Instant, b: Instant) -> bool {
@@ -426,6 +452,34 @@ mod tests {
             close(slot, started + Duration::from_millis(11_717)),
             "{slot:?}"
         );
+    }
+
+    #[test]
+    fn a_paced_restart_holds_one_token_and_grows_just_before_its_next() {
+        let started = Instant::now();
+        let mut bucket = running(started, false);
+        bucket.sent = Some(Sent {
+            strategy: Strategy::DenyAll,
+            ..bucket.sent.expect("sent")
+        });
+        // After a blanket rule the bucket starts full at its slot: one token, not two.
+        let first = bucket
+            .push(share(100), 0.0, started, true)
+            .expect("answered");
+        let (slot, restarted) = match bucket.slot {
+            Some(slot) => (
+                slot,
+                bucket.push(share(100), 0.0, slot, false).expect("pushed"),
+            ),
+            None => (started, first),
+        };
+        assert_eq!(restarted.strategy, slow(100).holding_at_most(1));
+        // Its whole size goes out 50 ms before its next token, counted from the push.
+        bucket.push(share(100), 0.0, slot + Duration::from_secs(3), true);
+        let grow = bucket.slot.expect("a slot for the raise");
+        assert!(close(grow, slot + Duration::from_millis(9_950)), "{grow:?}");
+        let grown = bucket.push(share(100), 0.0, grow, false).expect("pushed");
+        assert_eq!(grown.strategy.max_tokens(), Some(2));
     }
 
     #[test]

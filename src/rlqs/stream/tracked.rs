@@ -242,10 +242,7 @@ impl Tracked {
         }
         let (started, full) = match running {
             Some(sent) if !changed => (sent.started, sent.full),
-            _ => (
-                now,
-                running.is_none_or(|sent| sent.strategy.rate().is_none()),
-            ),
+            _ => (now, starts_full),
         };
         self.sent = Some(Sent {
             strategy,

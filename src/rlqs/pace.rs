@@ -106,7 +106,12 @@ pub const FIRST_TOKENS: u32 = 1;
 /// How long a paced stream waits before it changes the token bucket of `rate` a second
 /// that its client started at `started`: until just after (or, `aim`ing before, just
 /// before) the bucket's next whole token.
-/// Envoy 1.33 and later start the new bucket at `floor(new_max * level / old_max)`, so a
+/// Envoy 1.33 and later start the new bucket at `floor(new_max * level / old_max)`
+/// (envoyproxy/envoy @ c33e7f82: `createTokenBucketFromAction` in
+/// `source/extensions/filters/http/rate_limit_quota/global_client_impl.cc` takes
+/// `max_tokens * (remainingTokens() / maxTokens())` into an integer, and
+/// `AtomicTokenBucketImpl::remainingTokens` in `source/common/common/token_bucket_impl.cc`
+/// is the continuous level capped at `max_tokens`; a new bucket's level starts whole), so a
 /// change drops the fraction of a token the old one had filled: half a token on average,
 /// at any moment; 50 ms of fill just after a token. The stream's tokens then keep their
 /// phase, and a change of a slow rate costs next to nothing. `None` (change now) when the

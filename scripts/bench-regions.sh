@@ -20,7 +20,5 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 timeout --signal=TERM --kill-after=30s 15m \
     target/release/examples/regions --floodgate "$binary" "$@" >"$out"
-commit=$(git describe --always --dirty)
-python3 scripts/lib/kept_sections.py BENCHMARKS.md "## Regions" "$out" \
-    "Run on $(date -u '+%Y-%m-%d %H:%M UTC') (commit \`$commit\`, $(nproc) CPUs): \`scripts/bench-regions.sh $*\`."
-echo "wrote the Regions section of BENCHMARKS.md" >&2
+keep_section "## Regions" "$out" scripts/bench-regions.sh \
+    "" "$@"

@@ -18,7 +18,5 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 timeout --signal=TERM --kill-after=30s 60m \
     python3 scripts/lib/rlqs_rules.py --binary "$binary" "$@" >"$out"
-commit=$(git describe --always --dirty)
-python3 scripts/lib/kept_sections.py BENCHMARKS.md "## RLQS on every rule and backend" "$out" \
-    "Run on $(date -u '+%Y-%m-%d %H:%M UTC') (commit \`$commit\`, $(nproc) CPUs): \`scripts/bench-rlqs.sh${*:+ $*}\`. Simulated Envoys that restart a changed token bucket at its fill ratio (Envoy 1.33 and later), reporting every 5 s; fresh servers per row (one replica on memory, two on Redis or a 3-master Cluster), the replicas on the first CPU, the bench and Redis on the others; the Envoys offer 6x the limit between them; the first 20 s left out. The cold start is the time from each stream's first report (every stream's at once) to its answer."
-echo "wrote the RLQS on every rule and backend section of BENCHMARKS.md" >&2
+keep_section "## RLQS on every rule and backend" "$out" scripts/bench-rlqs.sh \
+    "Simulated Envoys that restart a changed token bucket at its fill ratio (Envoy 1.33 and later), reporting every 5 s; fresh servers per row (one replica on memory, two on Redis or a 3-master Cluster), the replicas on the first CPU, the bench and Redis on the others; the Envoys offer 6x the limit between them; the first 20 s left out. The cold start is the time from each stream's first report (every stream's at once) to its answer." "$@"

@@ -19,3 +19,16 @@ floodgate_binary() {
     ${FLOODGATE_BUILD_WRAPPER:-} cargo build --release --locked --quiet >&2 || return 1
     echo target/release/floodgate
 }
+
+# Writes the table in file $2 as the kept section $1 of BENCHMARKS.md (scripts/lib/
+# kept_sections.py), under a line naming the run (the commit, the CPUs, script $3 with the
+# rest of the arguments) followed by the text $4; says so on stderr.
+keep_section() {
+    local heading=$1 table=$2 script=$3 intro=$4
+    shift 4
+    local commit
+    commit=$(git describe --always --dirty)
+    python3 scripts/lib/kept_sections.py BENCHMARKS.md "$heading" "$table" \
+        "Run on $(date -u '+%Y-%m-%d %H:%M UTC') (commit \`$commit\`, $(nproc) CPUs): \`$script${*:+ $*}\`.${intro:+ $intro}"
+    echo "wrote the ${heading#\#\# } section of BENCHMARKS.md" >&2
+}

@@ -183,9 +183,13 @@ impl Weigher {
 /// The other streams' rates: the shared counts (`total`) less the stream's own (`own`),
 /// over the time the counters hold: the demand window, or less while the stream's own
 /// presence is shorter (every stream new), so that young counters are not read as slow.
-pub fn others(total: Counts, own: Counts) -> Others {
+/// That presence is the one read at the stream's latest report (`at_report`, in ms) when
+/// it was longer: between its reports its own count fades as its window slides, while the
+/// others', at every phase, do not. Read over its faded count, a stream that looked
+/// between reports saw up to 1.9x the others and pushed a share half too low.
+pub fn others(total: Counts, own: Counts, at_report: u64) -> Others {
     let window = DEMAND_WINDOW.as_secs_f64();
-    let held = (own.presence_ms as f64 / 1000.0).clamp(1.0, window);
+    let held = (own.presence_ms.max(at_report) as f64 / 1000.0).clamp(1.0, window);
     let rate = |total: u64, own: u64| total.saturating_sub(own) as f64 / held;
     Others {
         demand: rate(total.demand, own.demand),
@@ -378,19 +382,18 @@ mod tests {
         assert!((under[0] - 15.0).abs() < 1e-9 && (under[2] - 45.0).abs() < 1e-9);
     }
 
+    fn counts(demand: u64, capped: u64, presence_ms: u64) -> Counts {
+        Counts {
+            demand,
+            capped,
+            presence_ms,
+        }
+    }
+
     #[test]
     fn counters_of_young_streams_are_read_over_what_they_hold() {
-        let total = Counts {
-            demand: 210,
-            capped: 150,
-            presence_ms: 20_000,
-        };
-        let own = Counts {
-            demand: 60,
-            capped: 50,
-            presence_ms: 10_000,
-        };
-        let others = others(total, own);
+        let (total, own) = (counts(210, 150, 20_000), counts(60, 50, 10_000));
+        let others = others(total, own, 0);
         assert_eq!(
             (others.demand, others.capped, others.streams),
             (15.0, 10.0, 1.0)
@@ -400,7 +403,21 @@ mod tests {
             presence_ms: 4_000,
             ..own
         };
-        assert!((super::others(total, young).demand - 150.0 / 4.0).abs() < 1e-9);
+        assert!((super::others(total, young, 4_000).demand - 150.0 / 4.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_stream_between_its_reports_counts_the_others_as_at_its_report() {
+        // 99 others holding a window of presence each; the stream read 12 s of its own at
+        // its report, and 6 s as its window slid on before its next.
+        let own = counts(4, 1, 6_000);
+        let total = counts(4 + 99 * 6, 1 + 99, 6_000 + 99 * 10_000);
+        let others = others(total, own, 12_000);
+        assert!((others.streams - 99.0).abs() < 1e-9, "{}", others.streams);
+        assert!((others.demand - 99.0 * 0.6).abs() < 1e-9);
+        // Read over its faded count, the others would number 165.
+        let faded = super::others(total, own, 0);
+        assert!(faded.streams > 160.0, "{}", faded.streams);
     }
 
     #[test]

@@ -500,111 +500,64 @@ mod tests {
         assert!(same_for_envoy(&Strategy::DenyAll, &Strategy::DenyAll));
     }
 
+    /// Whether `from` moves to `to` (a 15 s TTL) on a rule of `window`, for each case:
+    /// (from, to, window, hysteresis, expected).
+    fn check_moves(cases: &[(Strategy, Strategy, u64, Hysteresis, bool)]) {
+        for &(from, to, window, hysteresis, expected) in cases {
+            let next = Assignment {
+                strategy: to,
+                ttl: Duration::from_secs(15),
+            };
+            let window = Duration::from_secs(window);
+            assert_eq!(
+                moved(&from, &next, window, hysteresis),
+                expected,
+                "{from:?} -> {to:?} on {window:?}, {hysteresis:?}"
+            );
+        }
+    }
+
     #[test]
     fn hysteresis_ignores_small_moves() {
         let bucket = |rate: f64| token_bucket(10.0, rate);
-        let to = |strategy| Assignment {
-            strategy,
-            ttl: Duration::from_secs(15),
-        };
-        let second = Duration::from_secs(1);
-        assert!(!moved(
-            &bucket(100.0),
-            &to(bucket(95.0)),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(!moved(
-            &bucket(100.0),
-            &to(bucket(108.0)),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(moved(
-            &bucket(100.0),
-            &to(bucket(85.0)),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(moved(
-            &bucket(100.0),
-            &to(bucket(115.0)),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(moved(
-            &bucket(100.0),
-            &to(Strategy::DenyAll),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(moved(
-            &Strategy::AllowAll,
-            &to(bucket(100.0)),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(!moved(
-            &Strategy::DenyAll,
-            &to(Strategy::DenyAll),
-            second,
-            Hysteresis::ANY_POINT
-        ));
-        // About one request a window: a move of a fifth is worth less than the token a
-        // change hands out; of three times, more.
-        let ten_s = Duration::from_secs(10);
+        let any = Hysteresis::ANY_POINT;
+        check_moves(&[
+            (bucket(100.0), bucket(95.0), 1, any, false),
+            (bucket(100.0), bucket(108.0), 1, any, false),
+            (bucket(100.0), bucket(85.0), 1, any, true),
+            (bucket(100.0), bucket(115.0), 1, any, true),
+            (bucket(100.0), Strategy::DenyAll, 1, any, true),
+            (Strategy::AllowAll, bucket(100.0), 1, any, true),
+            (Strategy::DenyAll, Strategy::DenyAll, 1, any, false),
+        ]);
+    }
+
+    #[test]
+    fn a_share_of_about_a_token_a_window_moves_when_it_gains_a_token() {
         let tiny = |rate: f64| token_bucket(1.0, rate);
-        assert!(!moved(
-            &tiny(0.09),
-            &to(tiny(0.11)),
-            ten_s,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(moved(
-            &tiny(0.09),
-            &to(tiny(0.27)),
-            ten_s,
-            Hysteresis::ANY_POINT
-        ));
-        // Lower is worth it sooner: the excess would come back every window.
-        assert!(!moved(
-            &tiny(0.09),
-            &to(tiny(0.072)),
-            ten_s,
-            Hysteresis::ANY_POINT
-        ));
-        assert!(moved(
-            &tiny(0.18),
-            &to(tiny(0.09)),
-            ten_s,
-            Hysteresis::ANY_POINT
-        ));
-        // Paced, at the running bucket's next token: any move past the band, either way.
-        assert!(moved(
-            &tiny(0.09),
-            &to(tiny(0.093)),
-            ten_s,
-            Hysteresis::AT_TOKEN
-        ));
-        assert!(moved(
-            &tiny(0.09),
-            &to(tiny(0.087)),
-            ten_s,
-            Hysteresis::AT_TOKEN
-        ));
-        assert!(!moved(
-            &tiny(0.09),
-            &to(tiny(0.091)),
-            ten_s,
-            Hysteresis::AT_TOKEN
-        ));
+        let (any, at_token) = (Hysteresis::ANY_POINT, Hysteresis::AT_TOKEN);
+        check_moves(&[
+            // A move of a fifth is worth less than the token a change loses; of three
+            // times, more.
+            (tiny(0.09), tiny(0.11), 10, any, false),
+            (tiny(0.09), tiny(0.27), 10, any, true),
+            // Lower is worth it sooner: the excess would come back every window.
+            (tiny(0.09), tiny(0.072), 10, any, false),
+            (tiny(0.18), tiny(0.09), 10, any, true),
+            // Paced, at the running bucket's next token: any move past the band, either way.
+            (tiny(0.09), tiny(0.093), 10, at_token, true),
+            (tiny(0.09), tiny(0.087), 10, at_token, true),
+            (tiny(0.09), tiny(0.091), 10, at_token, false),
+        ]);
         // A spent window 3 s before its refill: at 0.09 a second the running bucket admits
         // less than the token the restart after a DENY_ALL hands out; at 100, far more.
         let spent = Assignment {
             strategy: Strategy::DenyAll,
             ttl: Duration::from_secs(3),
         };
-        assert!(!moved(&tiny(0.09), &spent, ten_s, Hysteresis::ANY_POINT));
-        assert!(moved(&bucket(100.0), &spent, second, Hysteresis::ANY_POINT));
+        let ten_s = Duration::from_secs(10);
+        assert!(!moved(&tiny(0.09), &spent, ten_s, any));
+        let second = Duration::from_secs(1);
+        assert!(moved(&token_bucket(10.0, 100.0), &spent, second, any));
     }
 }

@@ -225,13 +225,18 @@ pub fn rate(own: f64, others: &Others, room: f64) -> f64 {
 
 /// One stream's own counters for one bucket, counted as the shared ones are.
 #[derive(Debug, Clone)]
-pub struct OwnCounts([Bucket; 3]);
+pub struct OwnCounts {
+    counters: [Bucket; 3],
+    /// Its presence as read when its latest report was booked ([`others`]).
+    at_report: u64,
+}
 
 impl Default for OwnCounts {
     fn default() -> Self {
-        OwnCounts(std::array::from_fn(|_| {
-            Bucket::new(Algorithm::SlidingWindow)
-        }))
+        OwnCounts {
+            counters: std::array::from_fn(|_| Bucket::new(Algorithm::SlidingWindow)),
+            at_report: 0,
+        }
     }
 }
 
@@ -241,17 +246,26 @@ impl OwnCounts {
         let policy = counter_policy();
         let added = [booked.demand, booked.capped, booked.presence_ms];
         let [demand, capped, presence_ms] = std::array::from_fn(|i| {
-            let counter = &mut self.0[i];
+            let counter = &mut self.counters[i];
             if added[i] > 0 {
                 counter.decide(&policy, now, added[i]);
             }
             counted(counter.decide(&policy, now, 0).remaining)
         });
+        if booked.presence_ms > 0 {
+            self.at_report = presence_ms;
+        }
         Counts {
             demand,
             capped,
             presence_ms,
         }
+    }
+
+    /// Its presence as read when its latest report was booked: what [`others`] reads the
+    /// totals over between reports.
+    pub fn at_report(&self) -> u64 {
+        self.at_report
     }
 
     /// What the stream still has in the shared counters, as refunds: per counter (demand,
@@ -260,7 +274,7 @@ impl OwnCounts {
     /// backend refunds only what its current or previous window holds.
     pub fn withdrawals(&self) -> [Vec<(u64, i64)>; 3] {
         let window_ms = DEMAND_WINDOW.as_millis() as i64;
-        std::array::from_fn(|i| match &self.0[i].counter {
+        std::array::from_fn(|i| match &self.counters[i].counter {
             CounterState::SlidingWindow(counter) => [
                 (counter.current, counter.window * window_ms),
                 (counter.previous, (counter.window - 1) * window_ms),
@@ -404,6 +418,24 @@ mod tests {
             ..own
         };
         assert!((super::others(total, young, 4_000).demand - 150.0 / 4.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn own_counts_keep_the_presence_read_at_the_latest_report() {
+        let mut own = OwnCounts::default();
+        let report = Booked {
+            demand: 3,
+            capped: 1,
+            presence_ms: 5_000,
+        };
+        // Booked 2 s into a window, read 1 s into the next: the booking fades.
+        let at = 1_000_000_002_000;
+        assert_eq!(own.add(report, at).presence_ms, 5_000);
+        let later = own.add(Booked::default(), at + 9_000);
+        assert!(later.presence_ms < 5_000, "{later:?}");
+        assert_eq!(own.at_report(), 5_000);
+        // Counters started anew (a rule reload) hold no report yet.
+        assert_eq!(OwnCounts::default().at_report(), 0);
     }
 
     #[test]

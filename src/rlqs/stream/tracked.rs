@@ -38,8 +38,6 @@ pub(super) struct Tracked {
     /// The stream's own fairness counters, and their counts after its latest report.
     pub(super) own: OwnCounts,
     pub(super) own_counts: Counts,
-    /// Its own presence as read at its latest report ([`fair::others`]).
-    pub(super) presence_at_report: u64,
     /// Demand a second, as its latest report says (at most the limit's rate).
     pub(super) demand_rate: f64,
     /// The fair share a second the stream last saw: its capped demand counts up to it.
@@ -81,7 +79,6 @@ impl Tracked {
             weigher: Weigher::default(),
             own: OwnCounts::default(),
             own_counts: Counts::default(),
-            presence_at_report: 0,
             demand_rate: 0.0,
             fair: f64::INFINITY,
             sent: None,
@@ -166,9 +163,6 @@ impl Tracked {
                 // or failed waits in `unbooked`, and a withdrawal refunds no more than was
                 // booked, dated by the backend's clock.
                 self.own_counts = self.own.add(self.unbooked.counted, reading.now_ms);
-                if self.unbooked.counted.presence_ms > 0 {
-                    self.presence_at_report = self.own_counts.presence_ms;
-                }
                 (quota.clone(), reading)
             }
             // Counted where the limiter made the call.
@@ -192,7 +186,7 @@ impl Tracked {
         }
         let per_second = assign::per_second(&quota.policy, reading.budget, self.interval);
         let room = assign::room(per_second);
-        let others = fair::others(reading.total, self.own_counts, self.presence_at_report);
+        let others = fair::others(reading.total, self.own_counts, self.own.at_report());
         self.fair = fair::fair_share(room, &others);
         let rate = fair::rate(self.demand_rate, &others, room);
         let fraction = if room > 0.0 { rate / room } else { 1.0 };

@@ -242,9 +242,7 @@ impl Holding {
     /// looked (never without a connection): the stream then gives back what it can at
     /// once, however long it would sleep otherwise.
     pub async fn owing(&mut self) {
-        if self.debts.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        super::next_change(&mut self.debts).await;
     }
 
     /// Bytes the stream's connection owes to smaller holders: its streams give back their

@@ -258,14 +258,16 @@ fn split(actions: Vec<BucketAction>) -> Vec<RateLimitQuotaResponse> {
 
 /// Resolves once `stop` turns true (never, if its sender is gone without doing so).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
-    loop {
-        let now = *stop.borrow_and_update();
-        if now {
-            return;
-        }
-        if stop.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
+    while !*stop.borrow_and_update() {
+        next_change(stop).await;
+    }
+}
+
+/// Resolves at the next change `receiver` has not seen; never once its sender is gone (a
+/// limiter or a connection that ended sends nothing more).
+pub(crate) async fn next_change<T>(receiver: &mut watch::Receiver<T>) {
+    if receiver.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

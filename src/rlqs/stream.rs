@@ -226,13 +226,8 @@ impl Stream {
     /// reloaded, or its connection was handed a debt of room to give back to smaller
     /// holders, since it last looked.
     pub async fn nudged(&mut self) {
-        let reload = async {
-            if self.reloads.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
         tokio::select! {
-            () = reload => {}
+            () = super::next_change(&mut self.reloads) => {}
             () = self.holding.owing() => {}
         }
     }

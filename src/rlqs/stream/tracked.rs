@@ -212,8 +212,7 @@ impl Tracked {
         let running = self.sent.filter(|sent| sent.expires > now);
         let (mut strategy, mut lives) = self.kept_or_next(&next, now);
         let starts_full = running.is_none_or(|sent| sent.strategy.rate().is_none());
-        let paced = |rate| pace::paced(rate, next.fraction, self.interval);
-        if starts_full && strategy.rate().is_some_and(paced) {
+        if starts_full && self.paced(&strategy, next.fraction) {
             strategy = strategy.holding_at_most(pace::FIRST_TOKENS);
         }
         let changes = |strategy: &Strategy| {
@@ -272,7 +271,7 @@ impl Tracked {
         let token_bucket = running.and_then(|sent| Some((sent, sent.strategy.rate()?)));
         match token_bucket {
             Some((sent, rate))
-                if strategy.rate().is_some() && pace::paced(rate, fraction, self.interval) =>
+                if strategy.rate().is_some() && self.paced(&sent.strategy, fraction) =>
             {
                 let aim = if strategy.max_tokens() > sent.strategy.max_tokens() {
                     pace::Aim::Before
@@ -332,14 +331,18 @@ impl Tracked {
 }
 
 impl Tracked {
+    /// Whether `strategy`, a token bucket, is [`pace::paced`] for a stream holding
+    /// `fraction` of the bucket.
+    fn paced(&self, strategy: &Strategy, fraction: f64) -> bool {
+        strategy
+            .rate()
+            .is_some_and(|rate| pace::paced(rate, fraction, self.interval))
+    }
+
     /// How far `next` must move from the running `sent` to be pushed: a paced change waits
     /// for the running bucket's next token ([`Self::change_wait`]) and costs next to nothing.
     fn hysteresis(&self, sent: Sent, next: &Next) -> assign::Hysteresis {
-        let paced = sent
-            .strategy
-            .rate()
-            .is_some_and(|rate| pace::paced(rate, next.fraction, self.interval));
-        if paced && next.assignment.strategy.rate().is_some() {
+        if self.paced(&sent.strategy, next.fraction) && next.assignment.strategy.rate().is_some() {
             assign::Hysteresis::AT_TOKEN
         } else {
             assign::Hysteresis::ANY_POINT

@@ -514,6 +514,28 @@ mod tests {
             }
         }
 
+        /// Whatever a stream's own counts and its presence at its report say, it reads the
+        /// others at least as many and as demanding as a stream present for the whole
+        /// window would: no pattern of its own reports shrinks the others.
+        #[test]
+        fn no_stream_reads_the_others_below_what_the_window_holds(
+            total in (0u64..1 << 40, 0u64..1 << 40, 0u64..1 << 40),
+            own in (0u64..1 << 40, 0u64..1 << 40, 0u64..1 << 40),
+            at_report in prop_oneof![0u64..20_000, 0u64..u64::MAX],
+        ) {
+            let total = Counts { demand: total.0, capped: total.1, presence_ms: total.2 };
+            let own = Counts { demand: own.0, capped: own.1, presence_ms: own.2 };
+            let read = others(total, own, at_report);
+            let whole = DEMAND_WINDOW.as_secs_f64();
+            // Up to the rounding of the division.
+            let least = |total: u64, own: u64| {
+                total.saturating_sub(own) as f64 / whole * (1.0 - 1e-12)
+            };
+            prop_assert!(read.demand >= least(total.demand, own.demand));
+            prop_assert!(read.capped >= least(total.capped, own.capped));
+            prop_assert!(read.streams * 1000.0 >= least(total.presence_ms, own.presence_ms));
+        }
+
         /// Duplicates, floods of reports and huge counts claim nothing past the limit's
         /// rate over real time (plus what two intervals bank), whatever each report says.
         #[test]
